@@ -1,0 +1,42 @@
+# dpbench: `make help` lists the targets.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+export DPBENCH_SHARED_DATA ?= $(abspath ../shared/data)
+
+.DEFAULT_GOAL := help
+.PHONY: help setup demo test test-full lint format bench clean
+
+help:  ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)  ## create .venv and install dpbench with the dev extra
+
+demo: $(STAMP)  ## the default DP run, offline, no data root (scikit-learn digits), prints the result
+	env -u DPBENCH_DATA_ROOT WANDB_MODE=offline $(BIN)/dpbench
+
+test: $(STAMP)  ## the test suite CI runs (slow tests excluded)
+	$(BIN)/pytest -m "not slow" -q
+
+test-full: $(STAMP)  ## every test, slow ones included
+	$(BIN)/pytest -m "" -q
+
+lint: $(STAMP)  ## ruff
+	$(BIN)/ruff check .
+
+format: $(STAMP)  ## ruff format + import sort
+	$(BIN)/ruff check --fix --select I .
+	$(BIN)/ruff format .
+
+bench: $(STAMP)  ## DP step time / non-private step time per model and grad-sample mode
+	$(BIN)/dpbench-bench
+
+clean:  ## remove run outputs (keeps .venv)
+	rm -rf outputs/runs outputs/multirun

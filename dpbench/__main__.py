@@ -1,0 +1,5 @@
+"""``python -m dpbench`` is the ``dpbench`` command."""
+
+from dpbench.cli import main
+
+main()

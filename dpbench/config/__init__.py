@@ -1,0 +1,1 @@
+"""Typed settings (structured configs) and their validation."""

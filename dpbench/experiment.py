@@ -1,0 +1,71 @@
+"""Build a Trainer from a composed config and run it; shared by the CLI, tests and the audit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from dpbench.config.schema import PrivacyConfig, TrainerConfig
+from dpbench.data import get_dataset_builder
+from dpbench.errors import ConfigError
+from dpbench.methods import get_method
+from dpbench.models import get_model_builder
+from dpbench.tasks import get_task
+from dpbench.training.loop import Callback, Trainer
+
+log = logging.getLogger(__name__)
+
+#: keys that do not change what a run computes (excluded from the resume fingerprint)
+_NOT_FINGERPRINTED = ("logger", "paths", "hydra", "run_name")
+_NOT_FINGERPRINTED_TRAINER = ("resume", "progress", "eval_batch_size")
+
+
+def _settings(node: Any, *drop: str) -> dict[str, Any]:
+    out = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    return {k: v for k, v in (out or {}).items() if k not in drop}
+
+
+def _typed(cls, node: Any, group: str):
+    try:
+        return cls(**_settings(node))
+    except TypeError as err:
+        raise ConfigError(f"{group}: {err}") from err
+
+
+def fingerprint(cfg: DictConfig) -> str:
+    """Return a hash of everything that determines the computation (for safe resume)."""
+    data = _settings(cfg, *_NOT_FINGERPRINTED)
+    data["trainer"] = {k: v for k, v in data.get("trainer", {}).items()
+                       if k not in _NOT_FINGERPRINTED_TRAINER}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def build_method(cfg: DictConfig):
+    method_cls = get_method(cfg.method.name)
+    optimizer = instantiate(cfg.method.optimizer) if cfg.method.get("optimizer") else None
+    return method_cls(optimizer=optimizer, **_settings(cfg.method.get("settings")))
+
+
+def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
+                  callbacks: list[Callback] | None = None) -> Trainer:
+    """Validate every setting, load data and model, calibrate noise; train nothing yet."""
+    privacy = _typed(PrivacyConfig, cfg.privacy, "privacy")
+    trainer_cfg = _typed(TrainerConfig, cfg.trainer, "trainer")
+    method = build_method(cfg)
+    data = get_dataset_builder(cfg.dataset.name)(**_settings(cfg.dataset, "name", "task"))
+    if cfg.dataset.get("task") and cfg.dataset.task != data.task:
+        raise ConfigError(f"dataset.task is {cfg.dataset.task!r} but {data.name} is a "
+                          f"{data.task!r} data set")
+    model = get_model_builder(cfg.model.name)(
+        data.input_shape, data.num_classes, **_settings(cfg.model, "name"),
+        **({"data": data} if cfg.model.get("needs_data") else {}))
+    task = get_task(data.task)(data, **_settings(cfg.get("task")))
+    return Trainer(method=method, model=model, task=task, data=data, privacy=privacy,
+                   trainer=trainer_cfg, seed=int(cfg.seed), run_dir=run_dir,
+                   callbacks=callbacks, fingerprint=fingerprint(cfg))

@@ -1,0 +1,72 @@
+"""Weights & Biases sink: config, per-step diagnostics, per-epoch evaluation, final summary.
+
+Offline by default (``WANDB_MODE=offline`` needs no account or network); files go under the
+run directory. The loop never imports wandb: this callback subscribes to its events.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from dpbench.training.loop import Callback, Trainer
+
+log = logging.getLogger(__name__)
+
+
+class WandbSink(Callback):
+    def __init__(self, mode: str = "offline", project: str = "dpbench", entity: str | None = None,
+                 group: str | None = None, run_dir: str | Path | None = None,
+                 cfg: DictConfig | None = None, name: str | None = None) -> None:
+        self.mode, self.project, self.entity, self.group = mode, project, entity, group
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.cfg, self.name = cfg, name
+        self.run = None
+
+    def on_run_start(self, trainer: Trainer) -> None:
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        config = OmegaConf.to_container(self.cfg, resolve=True) if self.cfg is not None else {}
+        self.run = wandb.init(
+            mode=self.mode, project=self.project, entity=self.entity, group=self.group,
+            name=self.name, dir=str(self.run_dir) if self.run_dir else None, config=config,
+            resume="allow" if trainer.settings.resume else None,
+            reinit="finish_previous",
+        )
+        self.run.config.update({"noise_multiplier": trainer.plan.noise_multiplier,
+                                "sample_rate": trainer.plan.sample_rate,
+                                "planned_steps": trainer.plan.total_steps},
+                               allow_val_change=True)
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
+        if self.run is not None:
+            self.run.log({f"train/{k}": v for k, v in metrics.items()
+                          if isinstance(v, (int, float)) and not math.isnan(v)}, step=trainer.step)
+
+    def on_epoch_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if self.run is not None:
+            flat = {f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}
+            self.run.log(flat, step=trainer.step)
+
+    def on_run_end(self, trainer: Trainer, result: dict[str, Any]) -> None:
+        if self.run is None:
+            return
+        for k, v in result["metrics"].items():
+            if isinstance(v, (int, float)):
+                self.run.summary[k] = v
+        for k in ("epsilon", "target_epsilon", "delta", "noise_multiplier", "sample_rate",
+                  "steps", "accountant"):
+            self.run.summary[k] = result.get(k)
+        self.run.finish()
+        self.run = None
+
+    def close(self, failed: bool = False) -> None:
+        if self.run is not None:
+            self.run.finish(exit_code=1 if failed else 0)
+            self.run = None

@@ -1,0 +1,1 @@
+"""The shared DP training loop and what it needs around it."""

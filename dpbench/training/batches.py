@@ -1,0 +1,46 @@
+"""Batch helpers that work on tensors nested in tuples, lists and dicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def move_to(batch: Any, device: torch.device) -> Any:
+    """Return ``batch`` with every tensor moved to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: move_to(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to(v, device) for v in batch)
+    return batch
+
+
+def batch_size(batch: Any) -> int:
+    """Return the number of examples (first dimension of the first tensor)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, dict):
+        return batch_size(next(iter(batch.values())))
+    return batch_size(batch[0])
+
+
+def slice_batch(batch: Any, start: int, stop: int) -> Any:
+    """Return examples [start, stop) of ``batch``."""
+    if isinstance(batch, torch.Tensor):
+        return batch[start:stop]
+    if isinstance(batch, dict):
+        return {k: slice_batch(v, start, stop) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(slice_batch(v, start, stop) for v in batch)
+    return batch
+
+
+def physical_chunks(batch: Any, max_size: int | None):
+    """Yield the logical batch in pieces of at most ``max_size`` (virtual batching)."""
+    n = batch_size(batch)
+    step = n if not max_size else max_size
+    for start in range(0, n, max(step, 1)):
+        yield slice_batch(batch, start, min(start + step, n))

@@ -1,0 +1,317 @@
+"""THE loop: Poisson sampling, the method's stages, the Gaussian release, the accountant.
+
+One logical step (DESIGN.md): sample a Poisson batch -> ``private_release`` (per-example
+gradients at the method's evaluation points, combination, clipping, noise, extra queries) ->
+ledger + accountant -> ``method.postprocess`` -> ``method.update`` -> ``method.after_step``.
+The loop knows neither the task nor the logging sinks; both come in from outside.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from opacus.data_loader import DPDataLoader
+from opacus.validators import ModuleValidator
+from torch import nn
+from torch.utils.data import DataLoader
+
+from dpbench.config.schema import PrivacyConfig, TrainerConfig
+from dpbench.data.base import TaskData
+from dpbench.errors import ConfigError, PrivacyError, TrainingDiverged
+from dpbench.methods.base import DPMethod, RunInfo, StepContext
+from dpbench.privacy import PrivacyAccountant, PrivacyLedger, calibrate_noise_multiplier
+from dpbench.privacy import default_delta as compute_default_delta
+from dpbench.tasks.base import Task
+from dpbench.training.batches import move_to
+from dpbench.training.checkpoint import (
+    CHECKPOINT_NAME,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from dpbench.training.per_example import PerExampleGradients
+from dpbench.training.step import Release, nonprivate_gradient, private_release
+
+log = logging.getLogger(__name__)
+
+
+class Callback:
+    """Subscriber to the loop's events (W&B, results store, progress bar)."""
+
+    def on_run_start(self, trainer: Trainer) -> None: ...
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, float]) -> None: ...
+    def on_epoch_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None: ...
+    def on_run_end(self, trainer: Trainer, result: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class PrivacyPlan:
+    """The mechanism fixed before training: rate, steps, delta and calibrated sigma."""
+
+    private: bool
+    sample_rate: float
+    expected_batch_size: float
+    steps_per_epoch: int
+    total_steps: int
+    delta: float | None
+    noise_multiplier: float
+    accountant: str | None
+    target_epsilon: float | None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def plan_privacy(privacy: PrivacyConfig, trainer: TrainerConfig, dataset_size: int,
+                 private: bool) -> PrivacyPlan:
+    """Check the data-dependent settings and calibrate sigma; raise ConfigError if impossible."""
+    n = dataset_size
+    if trainer.batch_size > n:
+        raise ConfigError(f"trainer.batch_size must be <= N = {n} training examples "
+                          f"(got {trainer.batch_size})")
+    q = trainer.batch_size / n
+    steps_per_epoch = max(int(1 / q), 1)  # as Opacus's DPDataLoader: int(1 / q) per epoch
+    total = trainer.epochs * steps_per_epoch
+    private = private and privacy.enabled
+    if not private:
+        return PrivacyPlan(False, q, q * n, steps_per_epoch, total, None, 0.0, None,
+                           privacy.target_epsilon)
+    delta = privacy.delta if privacy.delta is not None else compute_default_delta(n)
+    if delta >= 1.0 / n:
+        raise ConfigError(f"privacy.delta must be < 1/N = {1.0 / n:.3g} (got {delta:.3g})")
+    if privacy.noise_multiplier is not None:
+        sigma, accountant, target = float(privacy.noise_multiplier), privacy.accountant, None
+    else:
+        sigma, accountant = calibrate_noise_multiplier(
+            privacy.target_epsilon, delta, q, total, privacy.accountant)
+        target = privacy.target_epsilon
+    return PrivacyPlan(True, q, q * n, steps_per_epoch, total, delta, sigma, accountant, target)
+
+
+class Trainer:
+    """Runs one method on one task under one privacy plan; resumable from its run dir."""
+
+    def __init__(self, *, method: DPMethod, model: nn.Module, task: Task, data: TaskData,
+                 privacy: PrivacyConfig, trainer: TrainerConfig, seed: int,
+                 run_dir: str | Path | None = None, callbacks: list[Callback] | None = None,
+                 fingerprint: str = "") -> None:
+        self.method, self.task, self.data = method, task, data
+        self.settings, self.seed = trainer, seed
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.callbacks = callbacks or []
+        self.fingerprint = fingerprint
+        self.device = resolve_device(trainer.device)
+        self.plan = plan_privacy(privacy, trainer, len(data.train), method.private)
+        if method.tasks is not None and data.task not in method.tasks:
+            raise ConfigError(f"method {method.name!r} does not support the {data.task!r} task "
+                              f"of dataset {data.name!r} (it supports: "
+                              f"{', '.join(sorted(method.tasks))})")
+        torch.manual_seed(seed)
+        model = method.configure_model(model)
+        if self.plan.private:
+            errors = ModuleValidator.validate(model, strict=False)
+            if errors:
+                raise ConfigError("model is not DP-compatible (Opacus ModuleValidator): "
+                                  + "; ".join(str(e) for e in errors)
+                                  + ". Use GroupNorm instead of BatchNorm.")
+        self.model = model.to(self.device)  # before Opacus hooks (peft/Opacus issue #820)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.engine = (PerExampleGradients(self.model, trainer.grad_sample_mode)
+                       if self.plan.private else None)
+        self.info = RunInfo(
+            dataset_size=len(data.train), expected_batch_size=self.plan.expected_batch_size,
+            sample_rate=self.plan.sample_rate, total_steps=self.plan.total_steps,
+            noise_multiplier=self.plan.noise_multiplier, clip_norm=privacy.clip_norm,
+            private=self.plan.private, task=data.task, device=self.device)
+        method.validate(self.info)
+        method.setup(self.params, self.info)
+        self.clip_norm = privacy.clip_norm
+        self.accountant = PrivacyAccountant(self.plan.accountant) if self.plan.private else None
+        self.ledger = PrivacyLedger()
+        self.sampler_generator = torch.Generator().manual_seed(seed)
+        self.noise_generator = torch.Generator(device=self.device).manual_seed(seed + 1)
+        self.train_loader = DPDataLoader(data.train, sample_rate=self.plan.sample_rate,
+                                         generator=self.sampler_generator)
+        self.test_loader = DataLoader(data.test, batch_size=trainer.eval_batch_size)
+        self.step = 0
+        self.epoch = 0
+        self.history: list[dict[str, Any]] = []
+        self.wall_time_s = 0.0
+        self.skipped_steps = 0
+
+    # ---- privacy -------------------------------------------------------------------------
+    def epsilon(self) -> float:
+        if not self.plan.private:
+            return math.inf
+        return self.accountant.get_epsilon(self.plan.delta)
+
+    def _context(self) -> StepContext:
+        return StepContext(
+            step=self.step, epoch=self.epoch, private=self.plan.private,
+            noise_multiplier=self.plan.noise_multiplier, clip_norm=self.clip_norm,
+            expected_batch_size=self.plan.expected_batch_size,
+            sample_rate=self.plan.sample_rate, dataset_size=len(self.data.train),
+            total_steps=self.plan.total_steps, generator=self.noise_generator)
+
+    def _account(self, release: Release) -> None:
+        sigma = self.ledger.record(self.plan.sample_rate, release.queries)
+        if sigma < self.plan.noise_multiplier * (1 - 1e-9):
+            raise PrivacyError(f"step {self.step} released noise multiplier {sigma:.6g}, below "
+                               f"the calibrated {self.plan.noise_multiplier:.6g}")
+        self.accountant.step(noise_multiplier=sigma, sample_rate=self.plan.sample_rate)
+
+    # ---- one step ------------------------------------------------------------------------
+    def train_step(self, batch: Any) -> dict[str, float]:
+        ctx = self._context()
+        batch = move_to(batch, self.device)
+        physical = self.settings.max_physical_batch_size
+        if self.plan.private:
+            sens = self.method.sensitivity(ctx)
+            ctx.noise_std = (self.method.gradient_noise_multiplier(self.plan.noise_multiplier)
+                             * sens / self.plan.expected_batch_size)
+            release = private_release(self.method, self.engine, self.task, batch, ctx,
+                                      self.plan.noise_multiplier, physical)
+            self._account(release)  # the release happened: account before anything can fail
+        else:
+            release = nonprivate_gradient(self.method, self.model, self.params, self.task,
+                                          batch, ctx, physical)
+        finite = all(bool(torch.isfinite(g).all()) for g in release.grads)
+        if release.losses is not None and release.losses.numel():
+            finite = finite and bool(torch.isfinite(release.losses).all())
+        if not finite:
+            if self.settings.nonfinite == "stop":
+                raise TrainingDiverged(
+                    f"non-finite loss or gradient at step {self.step} (epoch {self.epoch}); "
+                    "the last good checkpoint is kept. Lower the learning rate, or set "
+                    "trainer.nonfinite=skip to skip such updates (they stay accounted)")
+            self.skipped_steps += 1
+        else:
+            grads = self.method.postprocess(release.grads, ctx)
+            self.method.update(grads, ctx)
+            self.method.after_step(release.noisy_extras, ctx)
+        self.step += 1
+        metrics = {"step": self.step, "batch_size": release.realised_batch,
+                   "loss": float(release.losses.mean()) if release.losses.numel() else math.nan}
+        if release.norms is not None and release.norms.numel():
+            q = torch.quantile(release.norms.float().cpu(),
+                               torch.tensor([0.5, 0.9, 0.99, 1.0]))
+            metrics.update({"clip_fraction": release.clipped_fraction,
+                            "grad_norm_p50": float(q[0]), "grad_norm_p90": float(q[1]),
+                            "grad_norm_p99": float(q[2]), "grad_norm_max": float(q[3])})
+        metrics.update(self.method.step_metrics())
+        return metrics
+
+    # ---- epochs, evaluation, checkpoints -------------------------------------------------
+    def evaluate(self) -> dict[str, Any]:
+        return self.method.evaluate(self.task, self.model, self.test_loader, self.device)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "fingerprint": self.fingerprint, "epoch": self.epoch, "step": self.step,
+            "model": self.model.state_dict(), "method": self.method.state_dict(),
+            "accountant": self.accountant.state_dict() if self.accountant else None,
+            "ledger": self.ledger.state_dict(), "history": self.history,
+            "sampler_generator": self.sampler_generator.get_state(),
+            "noise_generator": self.noise_generator.get_state(), "rng": rng_state(),
+            "wall_time_s": self.wall_time_s, "skipped_steps": self.skipped_steps,
+            "noise_multiplier": self.plan.noise_multiplier,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("fingerprint") != self.fingerprint:
+            raise ConfigError("the checkpoint in this run directory was written by another "
+                              "configuration; resume with the same settings or use a new "
+                              "hydra.run.dir")
+        self.model.load_state_dict(state["model"])
+        self.method.load_state_dict(state["method"])
+        if self.accountant is not None:
+            self.accountant.load_state_dict(state["accountant"])
+        self.ledger.load_state_dict(state["ledger"])
+        self.history = list(state["history"])
+        self.sampler_generator.set_state(state["sampler_generator"])
+        self.noise_generator.set_state(state["noise_generator"].to(
+            self.noise_generator.get_state().device))
+        set_rng_state(state["rng"])
+        self.epoch, self.step = state["epoch"], state["step"]
+        self.wall_time_s, self.skipped_steps = state["wall_time_s"], state["skipped_steps"]
+
+    @property
+    def checkpoint_path(self) -> Path | None:
+        return self.run_dir / CHECKPOINT_NAME if self.run_dir is not None else None
+
+    def maybe_resume(self) -> bool:
+        """Load the run dir's checkpoint when ``trainer.resume``; return whether one was found."""
+        if not self.settings.resume or self.checkpoint_path is None:
+            return False
+        state = load_checkpoint(self.checkpoint_path)
+        if state is None:
+            log.info("trainer.resume: no checkpoint in %s; starting fresh", self.run_dir)
+            return False
+        self.load_state_dict(state)
+        log.info("resumed from epoch %d (step %d)", self.epoch, self.step)
+        return True
+
+    def fit(self) -> dict[str, Any]:
+        """Train for the planned epochs (continuing a resumed run); return the run summary."""
+        self.maybe_resume()
+        for cb in self.callbacks:
+            cb.on_run_start(self)
+        self.model.train()
+        while self.epoch < self.settings.epochs:
+            start = time.perf_counter()
+            for batch in self.train_loader:
+                metrics = self.train_step(batch)
+                for cb in self.callbacks:
+                    cb.on_step_end(self, metrics)
+            self.epoch += 1
+            self.wall_time_s += time.perf_counter() - start
+            last = self.epoch == self.settings.epochs
+            row: dict[str, Any] = {"epoch": self.epoch, "step": self.step,
+                                   "epsilon": self.epsilon()}
+            if last or self.epoch % self.settings.eval_every == 0:
+                row.update(self.evaluate())
+            self.history.append(row)
+            if self.settings.checkpoint and self.checkpoint_path is not None:
+                save_checkpoint(self.checkpoint_path, self.state_dict())
+            for cb in self.callbacks:
+                cb.on_epoch_end(self, row)
+        result = self.summary()
+        for cb in self.callbacks:
+            cb.on_run_end(self, result)
+        return result
+
+    def summary(self) -> dict[str, Any]:
+        """Return the run's privacy facts, final metrics and history."""
+        final = self.history[-1] if self.history else {}
+        metrics = {k: v for k, v in final.items() if k not in ("epoch", "step", "epsilon")}
+        return {
+            "private": self.plan.private,
+            "target_epsilon": self.plan.target_epsilon,
+            "epsilon": self.epsilon(),
+            "delta": self.plan.delta,
+            "noise_multiplier": self.plan.noise_multiplier,
+            "sample_rate": self.plan.sample_rate,
+            "expected_batch_size": self.plan.expected_batch_size,
+            "steps": self.step,
+            "planned_steps": self.plan.total_steps,
+            "skipped_steps": self.skipped_steps,
+            "accountant": self.accountant.mechanism if self.accountant else None,
+            "clip_norm": self.clip_norm if self.plan.private else None,
+            "dataset_size": len(self.data.train),
+            "metrics": metrics,
+            "history": self.history,
+            "privacy_ledger": self.ledger.to_json(),
+            "method_summary": self.method.summary(),
+            "wall_time_s": self.wall_time_s,
+            "data_notes": list(self.data.notes),
+        }

@@ -1,0 +1,137 @@
+"""Stages 3-6 of a step: per-example gradients, combination, clipping and the Gaussian release.
+
+This module and the accountant are the only code that touches raw data or noise. Methods
+supply evaluation points, clip factors and extra queries; the release is always
+``g = (sum_i w_i u_i + N(0, (sigma_g S)^2 I)) / B`` with S the method's sensitivity and B the
+*expected* batch size (METHODS.md, shared core).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dpbench.errors import PrivacyError
+from dpbench.methods.base import DPMethod, ExtraQuery, StepContext, gradient_queries
+from dpbench.privacy.ledger import Query
+from dpbench.tasks.base import Task
+from dpbench.training.batches import batch_size, physical_chunks
+from dpbench.training.per_example import PerExampleGradients, flat_norms, parameters_at
+
+SENSITIVITY_SLACK = 1e-4  # relative slack for float round-off in the sensitivity check
+
+
+@dataclass
+class Release:
+    """What one step released, plus diagnostics that are *not* privatised."""
+
+    grads: list[torch.Tensor]
+    queries: list[Query]
+    noisy_extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    realised_batch: int = 0
+    losses: torch.Tensor | None = None  # diagnostic only: computed on private data
+    norms: torch.Tensor | None = None  # diagnostic only
+    clipped_fraction: float = 0.0  # diagnostic only
+
+
+def _check_bound(name: str, contributions: torch.Tensor, bound: float) -> None:
+    if contributions.numel() and float(contributions.max()) > bound * (1 + SENSITIVITY_SLACK):
+        raise PrivacyError(
+            f"{name}: one example contributes {float(contributions.max()):.6g} but the "
+            f"accountant assumes a sensitivity of {bound:.6g}; refusing to release")
+
+
+def private_release(method: DPMethod, engine: PerExampleGradients, task: Task, batch,
+                    ctx: StepContext, sigma: float, max_physical: int | None) -> Release:
+    """Return the noisy mean gradient and extra queries of one logical step."""
+    params = engine.params
+    points = method.evaluation_points(ctx)
+    sensitivity = method.sensitivity(ctx)
+    sums = [torch.zeros_like(p) for p in params]
+    extra_sums: dict[str, torch.Tensor] = {}
+    extra_specs: dict[str, ExtraQuery] = {}
+    losses, norms_all, factors_all = [], [], []
+    n = batch_size(batch)
+    chunks = physical_chunks(batch, max_physical) if n > 0 else []
+    for chunk in chunks:
+        if engine.mode == "ghost":
+            if len(points) != 1:
+                raise PrivacyError("ghost clipping supports one evaluation point per step")
+            with parameters_at(params, points[0].offsets):
+                chunk_sums, norms, factors, loss = engine.ghost_clipped_sum(
+                    task.per_example_loss, chunk, lambda nr: method.clip_factors(nr, ctx))
+            chunk_sums = [points[0].weight * s for s in chunk_sums]
+            norms = norms * abs(points[0].weight)
+        else:
+            combined, loss = None, None
+            for point in points:  # stage 4: u_i = sum_k w_k g_i(point_k), before clipping
+                with parameters_at(params, point.offsets):
+                    grads, point_loss = engine.per_example(task.per_example_loss, chunk)
+                loss = point_loss if loss is None else loss
+                if combined is None:
+                    combined = [point.weight * g for g in grads]
+                else:
+                    for c, g in zip(combined, grads):
+                        c.add_(g, alpha=point.weight)
+            norms = flat_norms(combined)
+            factors = method.clip_factors(norms, ctx)
+            chunk_sums = [torch.einsum("i,i...->...", factors.to(c.dtype), c) for c in combined]
+        _check_bound("gradient", factors * norms, sensitivity)
+        for s, c in zip(sums, chunk_sums):
+            s.add_(c)
+        for q in method.extra_queries(norms, ctx):
+            _check_bound(q.name, q.values.abs(), q.sensitivity)
+            extra_sums[q.name] = extra_sums.get(q.name, 0.0) + q.values.sum()
+            extra_specs[q.name] = q
+        losses.append(loss)
+        norms_all.append(norms.detach())
+        factors_all.append(factors.detach())
+    if not extra_specs:  # an empty batch still releases every query the method makes
+        extra_specs = {q.name: q for q in method.extra_queries(
+            torch.zeros(0, device=sums[0].device), ctx)}
+    queries = gradient_queries(method, ctx, sigma, list(extra_specs.values()))
+    grad_std = queries[0].noise_std
+    released = []
+    for s in sums:
+        noise = torch.normal(0.0, grad_std, size=s.shape, device=s.device,
+                             generator=ctx.generator)
+        released.append((s + noise) / ctx.expected_batch_size)
+    noisy_extras = {}
+    for name, q in extra_specs.items():
+        value = torch.as_tensor(extra_sums.get(name, 0.0), device=sums[0].device,
+                                dtype=torch.float32)
+        noise = torch.normal(0.0, q.noise_std, size=(), device=value.device,
+                             generator=ctx.generator)
+        noisy_extras[name] = value + noise
+    norms_cat = torch.cat(norms_all) if norms_all else torch.zeros(0)
+    factors_cat = torch.cat(factors_all) if factors_all else torch.zeros(0)
+    return Release(
+        grads=released, queries=queries, noisy_extras=noisy_extras, realised_batch=n,
+        losses=torch.cat(losses) if losses else torch.zeros(0), norms=norms_cat,
+        clipped_fraction=float((factors_cat < 1).float().mean()) if n else 0.0,
+    )
+
+
+def nonprivate_gradient(method: DPMethod, model: torch.nn.Module, params, task: Task, batch,
+                        ctx: StepContext, max_physical: int | None) -> Release:
+    """Return the exact mean gradient of the realised batch (no clipping, no noise)."""
+    n = batch_size(batch)
+    sums = [torch.zeros_like(p) for p in params]
+    losses = []
+    for chunk in (physical_chunks(batch, max_physical) if n > 0 else []):
+        for point in method.evaluation_points(ctx):
+            with parameters_at(params, point.offsets):
+                for p in params:
+                    p.grad = None
+                loss = task.per_example_loss(model, chunk)
+                (point.weight * loss.sum()).backward()
+                for s, p in zip(sums, params):
+                    if p.grad is not None:
+                        s.add_(p.grad)
+            losses.append(loss.detach())
+    for p in params:
+        p.grad = None
+    grads = [s / max(n, 1) for s in sums]
+    return Release(grads=grads, queries=[], realised_batch=n,
+                   losses=torch.cat(losses) if losses else torch.zeros(0))
