@@ -14,10 +14,10 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,llm]'
 	touch $(STAMP)
 
-setup: $(STAMP)  ## create .venv and install dpbench with the dev extra
+setup: $(STAMP)  ## create .venv and install dpbench with the dev and llm extras
 
 demo: $(STAMP)  ## the default DP run, offline, no data root (scikit-learn digits), prints the result
 	env -u DPBENCH_DATA_ROOT WANDB_MODE=offline $(BIN)/dpbench

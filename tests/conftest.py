@@ -1,0 +1,43 @@
+"""Shared fixtures: compose configs the way the CLI does, on CPU, tiny, into tmp_path."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from dpbench.cli import CONF_DIR
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("DPBENCH_SHARED_DATA", REPO.parent / "shared" / "data"))
+QUIET = ["logger=none", "trainer.progress=false", "trainer.device=cpu"]
+
+
+def compose_config(*overrides: str):
+    """Return the composed config for ``overrides`` (quiet, CPU) like ``dpbench`` would."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=[*QUIET, *overrides])
+
+
+def run_config(cfg, run_dir: Path | None = None) -> dict:
+    """Build and fit a trainer for ``cfg``; return its summary."""
+    from dpbench.experiment import build_trainer
+
+    return build_trainer(cfg, run_dir).fit()
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+@pytest.fixture(autouse=True)
+def _offline_wandb(monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
