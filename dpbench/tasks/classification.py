@@ -44,7 +44,10 @@ class Classification(Task):
 
 def classification_metrics(log_probs: torch.Tensor, y: torch.Tensor,
                            num_classes: int) -> dict[str, Any]:
-    """Return accuracy, per-class accuracy, macro/worst-class accuracy and NLL."""
+    """Return accuracy, per-class accuracy, macro/worst-class accuracy, parity and NLL.
+
+    ``accuracy_parity`` is the largest gap between two classes' accuracies (max - min).
+    """
     pred = log_probs.argmax(dim=1)
     correct = (pred == y).float()
     per_class = []
@@ -57,5 +60,6 @@ def classification_metrics(log_probs: torch.Tensor, y: torch.Tensor,
         "loss": float(F.nll_loss(log_probs, y)),
         "macro_accuracy": sum(present) / len(present),
         "worst_class_accuracy": min(present),
+        "accuracy_parity": max(present) - min(present),
         "per_class_accuracy": per_class,
     }

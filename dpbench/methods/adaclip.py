@@ -1,0 +1,146 @@
+"""Adaptive clipping by noisy quantile tracking (Andrew et al. 2021, "Differentially Private
+Learning with Adaptive Clipping", Alg. 1), optionally normalised.
+
+Per step t with threshold C_t (METHODS.md section 1):
+
+* clip: u_i -> clip_{C_t}(u_i) (sensitivity C_t) or clip_{C_t}(u_i) / C_t (``normalize``,
+  sensitivity 1; Zhao et al. 2025);
+* count: release the *centred* indicator sum s = sum_i (1[||u_i|| <= theta C_t] - 1/2)
+  + N(0, sigma_b^2): each term lies in [-1/2, 1/2], so its sensitivity is 1/2 and its noise
+  multiplier 2 sigma_b (as TF-Privacy's quantile estimator); b_t = s / B + 1/2 (B expected);
+* gradient noise multiplier sigma_delta = (sigma^-2 - (2 sigma_b)^-2)^(-1/2) (Andrew et al.
+  Thm. 1), so the pair composes to exactly one Gaussian release with multiplier sigma: the
+  loop's ledger combines the two queries and the accountant is told sigma;
+* update (geometric, post-processing of b_t):
+  C_{t+1} = max(C_LB, C_t exp(-eta_C (b_t - gamma))), with C_LB = 0 here (unbounded).
+
+Opacus's ``AdaClipDPOptimizer`` accounts with sigma_delta and under-reports epsilon; dpbench
+accounts with the combined multiplier the ledger computes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from dpbench.errors import ConfigError
+from dpbench.methods import register_method
+from dpbench.methods.base import DPMethod, ExtraQuery, RunInfo, StepContext
+from dpbench.methods.clipping import flat_clip_factors
+
+COUNT_QUERY = "unclipped_count"
+
+
+def gradient_sigma(sigma: float, sigma_b: float) -> float:
+    """Return sigma_delta = (sigma^-2 - (2 sigma_b)^-2)^(-1/2) (Andrew et al. 2021, Thm. 1)."""
+    if sigma >= 2 * sigma_b:
+        raise ConfigError(f"adaptive clipping needs sigma < 2 sigma_b (got sigma={sigma:.4g}, "
+                          f"sigma_b={sigma_b:.4g}); raise method.settings.sigma_b")
+    return (sigma**-2 - (2 * sigma_b) ** -2) ** -0.5
+
+
+def geometric_update(threshold: float, unclipped_fraction: float, target_quantile: float,
+                     clip_lr: float, floor: float) -> float:
+    """Return C_{t+1} = max(C_LB, C_t exp(-eta_C (b_t - gamma))) (Zhao et al. 2025, Eq. 3)."""
+    return max(floor, threshold * math.exp(-clip_lr * (unclipped_fraction - target_quantile)))
+
+
+@register_method("adaclip")
+class AdaClip(DPMethod):
+    """Unbounded adaptive clipping: C_LB = 0, so C_t may shrink towards 0."""
+
+    @classmethod
+    def settings_defaults(cls) -> dict[str, Any]:
+        return {
+            "target_quantile": 0.5,  # gamma: target unclipped fraction
+            "clip_lr": 0.2,  # eta_C: geometric step size
+            "sigma_b": None,  # count noise std (in examples); None: B / 10 (paper's scripts)
+            "count_threshold": 1.0,  # theta: count 1[||u_i|| <= theta C_t]
+            "initial_clip": None,  # C_0; None: privacy.clip_norm
+            "normalize": True,  # clip_{C_t}(u) / C_t (sensitivity 1)
+        }
+
+    def clip_floor(self) -> float:
+        """Return C_LB (0: unbounded)."""
+        return 0.0
+
+    # ---- set-up --------------------------------------------------------------------------
+    def _sigma_b(self, expected_batch_size: float) -> float:
+        value = self.settings["sigma_b"]
+        return float(value) if value is not None else expected_batch_size / 10.0
+
+    def validate(self, info: RunInfo) -> None:
+        s = self.settings
+        if not 0.0 < s["target_quantile"] < 1.0:
+            raise ConfigError(f"method.settings.target_quantile must be in (0, 1) "
+                              f"(got {s['target_quantile']!r})")
+        for key in ("clip_lr", "count_threshold"):
+            if not s[key] > 0:
+                raise ConfigError(f"method.settings.{key} must be > 0 (got {s[key]!r})")
+        if s["initial_clip"] is not None and not s["initial_clip"] > 0:
+            raise ConfigError(f"method.settings.initial_clip must be > 0 or null "
+                              f"(got {s['initial_clip']!r})")
+        if s["sigma_b"] is not None and not s["sigma_b"] > 0:
+            raise ConfigError(f"method.settings.sigma_b must be > 0 or null "
+                              f"(got {s['sigma_b']!r})")
+        if info.private:
+            gradient_sigma(info.noise_multiplier, self._sigma_b(info.expected_batch_size))
+
+    def setup(self, params, info: RunInfo) -> None:
+        super().setup(params, info)
+        initial = self.settings["initial_clip"]
+        self.threshold = max(float(initial if initial is not None else info.clip_norm),
+                             self.clip_floor())
+        self.sigma_b = self._sigma_b(info.expected_batch_size)
+        self.unclipped_fraction = math.nan
+        self.trajectory: list[float] = []
+
+    # ---- stages 5 and 6 ------------------------------------------------------------------
+    def clip_factors(self, norms: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """Return min(1, C_t/||u_i||) (divided by C_t when normalised)."""
+        return flat_clip_factors(norms, self.threshold, bool(self.settings["normalize"]))
+
+    def sensitivity(self, ctx: StepContext) -> float:
+        """Return 1 (normalised) or C_t."""
+        return 1.0 if self.settings["normalize"] else self.threshold
+
+    def gradient_noise_multiplier(self, sigma: float) -> float:
+        """Return sigma_delta = (sigma^-2 - (2 sigma_b)^-2)^(-1/2)."""
+        return gradient_sigma(sigma, self.sigma_b)
+
+    def extra_queries(self, norms: torch.Tensor, ctx: StepContext) -> list[ExtraQuery]:
+        """Return the centred count query 1[||u_i|| <= theta C_t] - 1/2 (sensitivity 1/2)."""
+        bound = self.settings["count_threshold"] * self.threshold
+        centred = (norms <= bound).to(torch.float32) - 0.5
+        return [ExtraQuery(COUNT_QUERY, centred, sensitivity=0.5, noise_std=self.sigma_b)]
+
+    # ---- stage 9: post-processing of the noisy count --------------------------------------
+    def after_step(self, released: dict[str, torch.Tensor], ctx: StepContext) -> None:
+        """Set b_t = s / B + 1/2 and C_{t+1} = max(C_LB, C_t exp(-eta_C (b_t - gamma)))."""
+        self.unclipped_fraction = float(released[COUNT_QUERY]) / ctx.expected_batch_size + 0.5
+        self.trajectory.append(self.threshold)
+        self.threshold = geometric_update(
+            self.threshold, self.unclipped_fraction, self.settings["target_quantile"],
+            self.settings["clip_lr"], self.clip_floor())
+
+    # ---- diagnostics and state -----------------------------------------------------------
+    def step_metrics(self) -> dict[str, float]:
+        """Return C_t (the threshold the step used) and the noisy unclipped fraction b_t."""
+        used = self.trajectory[-1] if self.trajectory else self.threshold
+        return {"clip_threshold": used, "unclipped_fraction": self.unclipped_fraction}
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "sigma_b": self.sigma_b,
+                "clip_floor": self.clip_floor(), "final_clip_threshold": self.threshold,
+                "clip_threshold_trajectory": list(self.trajectory)}
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"threshold": self.threshold, "unclipped_fraction": self.unclipped_fraction,
+                "trajectory": list(self.trajectory)}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.threshold = float(state.get("threshold", self.threshold))
+        self.unclipped_fraction = float(state.get("unclipped_fraction", math.nan))
+        self.trajectory = list(state.get("trajectory", []))
