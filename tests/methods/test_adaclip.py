@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dpbench.errors import ConfigError
-from dpbench.methods.adaclip import COUNT_QUERY, AdaClip, gradient_sigma, geometric_update
+from dpbench.methods.adaclip import COUNT_QUERY, AdaClip, geometric_update, gradient_sigma
 from dpbench.methods.base import StepContext
 from dpbench.privacy.ledger import Query, combined_noise_multiplier
 from tests.conftest import compose_config, run_config
