@@ -34,7 +34,8 @@ def load(out: Path) -> dict[str, dict[str, list[dict]]]:
 
 
 def fmt(values: list[float]) -> str:
-    return f"{100 * np.mean(values):.1f} +- {100 * np.std(values, ddof=1 if len(values) > 1 else 0):.1f}"
+    std = np.std(values, ddof=1) if len(values) > 1 else 0.0
+    return f"{100 * np.mean(values):.1f} +- {100 * std:.1f}"
 
 
 def table(runs) -> str:
@@ -53,8 +54,10 @@ def table(runs) -> str:
             lines.append(f"| {LABELS[m]} | {len(rs)} | {eps:.3f} | " + " | ".join(cells) + " |")
         b = by_method.get("bounded_adaclip", [])
         if b:
-            wb = np.mean([r["metrics"]["worst_class_accuracy"] for r in b])
-            gains = [f"{LABELS[m]} {100 * (wb - np.mean([r['metrics']['worst_class_accuracy'] for r in by_method[m]])):+.1f} pp"
+            def worst(rs: list[dict]) -> float:
+                return float(np.mean([r["metrics"]["worst_class_accuracy"] for r in rs]))
+
+            gains = [f"{LABELS[m]} {100 * (worst(b) - worst(by_method[m])):+.1f} pp"
                      for m in METHODS[1:] if by_method.get(m)]
             lines += ["", "bounded minus baseline, worst-class accuracy: " + ", ".join(gains)]
         lines.append("")
