@@ -40,3 +40,7 @@ bench: $(STAMP)  ## DP step time / non-private step time per model and grad-samp
 
 clean:  ## remove run outputs (keeps .venv)
 	rm -rf outputs/runs outputs/multirun
+
+reproduce-bounded-adaclip: $(STAMP)  ## bounded adaptive clipping: 4 clipping methods x 3 seeds (cpu scale), table + Pareto plots
+	PY=$(BIN)/python scripts/reproduce_bounded_adaclip.sh cpu outputs/bounded_adaclip_cpu
+.PHONY: reproduce-bounded-adaclip

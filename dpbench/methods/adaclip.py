@@ -95,7 +95,8 @@ class AdaClip(DPMethod):
                              self.clip_floor())
         self.sigma_b = self._sigma_b(info.expected_batch_size)
         self.unclipped_fraction = math.nan
-        self.trajectory: list[float] = []
+        self.trajectory: list[float] = []  # C_t of every step
+        self.fractions: list[float] = []  # noisy b_t of every step
 
     # ---- stages 5 and 6 ------------------------------------------------------------------
     def clip_factors(self, norms: torch.Tensor, ctx: StepContext) -> torch.Tensor:
@@ -121,6 +122,7 @@ class AdaClip(DPMethod):
         """Set b_t = s / B + 1/2 and C_{t+1} = max(C_LB, C_t exp(-eta_C (b_t - gamma)))."""
         self.unclipped_fraction = float(released[COUNT_QUERY]) / ctx.expected_batch_size + 0.5
         self.trajectory.append(self.threshold)
+        self.fractions.append(self.unclipped_fraction)
         self.threshold = geometric_update(
             self.threshold, self.unclipped_fraction, self.settings["target_quantile"],
             self.settings["clip_lr"], self.clip_floor())
@@ -134,13 +136,15 @@ class AdaClip(DPMethod):
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "sigma_b": self.sigma_b,
                 "clip_floor": self.clip_floor(), "final_clip_threshold": self.threshold,
-                "clip_threshold_trajectory": list(self.trajectory)}
+                "clip_threshold_trajectory": list(self.trajectory),
+                "unclipped_fraction_trajectory": list(self.fractions)}
 
     def extra_state(self) -> dict[str, Any]:
         return {"threshold": self.threshold, "unclipped_fraction": self.unclipped_fraction,
-                "trajectory": list(self.trajectory)}
+                "trajectory": list(self.trajectory), "fractions": list(self.fractions)}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.threshold = float(state.get("threshold", self.threshold))
         self.unclipped_fraction = float(state.get("unclipped_fraction", math.nan))
         self.trajectory = list(state.get("trajectory", []))
+        self.fractions = list(state.get("fractions", []))

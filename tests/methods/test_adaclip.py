@@ -64,7 +64,7 @@ def test_count_query_is_centred_with_half_sensitivity():
 
 def test_unclipped_fraction_recovered_from_centred_sum():
     method = AdaClip(clip_lr=0.2, target_quantile=0.5)
-    method.threshold, method.sigma_b, method.trajectory = 2.0, 1.0, []
+    method.threshold, method.sigma_b, method.trajectory, method.fractions = 2.0, 1.0, [], []
     # 100 expected examples, 80 of them unclipped: centred sum 80 * 0.5 - 20 * 0.5 = 30
     method.after_step({COUNT_QUERY: torch.tensor(30.0)}, _ctx(100.0))
     assert method.unclipped_fraction == pytest.approx(0.8)
