@@ -120,6 +120,8 @@ class AdaClip(DPMethod):
     # ---- stage 9: post-processing of the noisy count --------------------------------------
     def after_step(self, released: dict[str, torch.Tensor], ctx: StepContext) -> None:
         """Set b_t = s / B + 1/2 and C_{t+1} = max(C_LB, C_t exp(-eta_C (b_t - gamma)))."""
+        if COUNT_QUERY not in released:  # non-private run: no clipping, nothing to track
+            return
         self.unclipped_fraction = float(released[COUNT_QUERY]) / ctx.expected_batch_size + 0.5
         self.trajectory.append(self.threshold)
         self.fractions.append(self.unclipped_fraction)

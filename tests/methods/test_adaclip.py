@@ -101,3 +101,11 @@ def test_epsilon_equals_dpsgd_at_same_sigma(method):
     assert grad["noise_multiplier"] > 1.3  # the gradient alone gets sigma_delta > sigma
     assert count["sensitivity"] == 0.5
     assert count["noise_multiplier"] == pytest.approx(2 * ada["method_summary"]["sigma_b"])
+
+
+def test_nonprivate_run_leaves_the_threshold_alone():
+    out = run_config(compose_config("method=adaclip", "privacy=nonprivate", "dataset=digits",
+                                    "model=logreg", "trainer.epochs=1",
+                                    "trainer.checkpoint=false"))
+    assert math.isinf(out["epsilon"])
+    assert out["method_summary"]["clip_threshold_trajectory"] == []
