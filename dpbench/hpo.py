@@ -39,14 +39,17 @@ log = logging.getLogger(__name__)
 
 def sample_trials(trials: int, seed: int, lr_range: tuple[float, float],
                   batch_sizes: list[int], clip_floors: list[float] | None) -> list[dict]:
-    """Return ``trials`` configurations: lr log-uniform in lr_range, B and C_LB uniform."""
-    rng = np.random.default_rng(seed)
+    """Return ``trials`` configurations: lr log-uniform in lr_range, B and C_LB uniform.
+
+    C_LB has its own stream, so methods searched with the same seed share their (lr, B) draws.
+    """
+    rng, floor_rng = np.random.default_rng(seed), np.random.default_rng([seed, 1])
     out = []
     for _ in range(trials):
         trial = {"method.optimizer.lr": float(np.exp(rng.uniform(*np.log(lr_range)))),
                  "trainer.batch_size": int(rng.choice(batch_sizes))}
         if clip_floors:
-            trial["method.settings.clip_floor"] = float(rng.choice(clip_floors))
+            trial["method.settings.clip_floor"] = float(floor_rng.choice(clip_floors))
         out.append(trial)
     return out
 

@@ -41,3 +41,10 @@ def test_random_search_accounts_every_trial():
     assert best["validation"]["worst_class_accuracy"] == max(
         r["validation"]["worst_class_accuracy"] for r in out["trials"])
     assert math.isfinite(best["test"]["accuracy"])
+
+
+def test_methods_share_lr_and_batch_draws():
+    with_floor = sample_trials(10, 5, (1.0, 10.0), [1, 2, 3], [0.0, 0.1])
+    without = sample_trials(10, 5, (1.0, 10.0), [1, 2, 3], None)
+    strip = [{k: v for k, v in t.items() if k != "method.settings.clip_floor"} for t in with_floor]
+    assert strip == without
