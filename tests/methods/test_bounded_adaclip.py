@@ -40,3 +40,14 @@ def test_negative_floor_rejected():
     with pytest.raises(ConfigError, match="clip_floor"):
         build_trainer(compose_config(*SHRINK, "method=bounded_adaclip",
                                      "method.settings.clip_floor=-1"), None)
+
+
+def test_same_seed_gives_the_same_initial_model():
+    """Runs are comparable across methods only if the seed fixes the model's initialisation."""
+    import torch
+
+    a = build_trainer(compose_config(*SHRINK, "method=adaclip"), None)
+    torch.rand(100)  # whatever ran before must not matter
+    b = build_trainer(compose_config(*SHRINK, "method=bounded_adaclip"), None)
+    for pa, pb in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.equal(pa, pb)
