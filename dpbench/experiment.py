@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -63,7 +62,6 @@ def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
     if cfg.dataset.get("task") and cfg.dataset.task != data.task:
         raise ConfigError(f"dataset.task is {cfg.dataset.task!r} but {data.name} is a "
                           f"{data.task!r} data set")
-    torch.manual_seed(int(cfg.seed))  # the model's initialisation is part of the seeded run
     model = get_model_builder(cfg.model.name)(
         data.input_shape, data.num_classes, **_settings(cfg.model, "name"),
         **({"data": data} if cfg.model.get("needs_data") else {}))
