@@ -67,7 +67,7 @@ class PerExampleGradients:
     def ghost_clipped_sum(
         self, loss_fn: LossFn, batch, factors_fn: Callable[[torch.Tensor], torch.Tensor]
     ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Return (sum_i w_i g_i per parameter, norms, factors, losses) without materialising g_i."""
+        """Return (sum_i w_i g_i per parameter, norms, factors, losses); g_i never built."""
         self._clear()
         losses = loss_fn(self.module, batch)
         losses.sum().backward(retain_graph=True)
