@@ -141,3 +141,23 @@ def test_ghost_clipping_is_refused_before_training():
     with pytest.raises(ConfigError, match="ghost"):
         build_trainer(compose_config("method=fiber", *RUN, "trainer.grad_sample_mode=ghost"),
                       None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["disk", "fiber"])
+def test_resume_mid_run_equals_uninterrupted(tmp_path, method):
+    """theta_{t-1}, g~ and r survive the checkpoint: a killed run resumes bit-identically."""
+    from dpbench.experiment import build_trainer
+    from tests.training.test_loop import _Crash
+
+    overrides = [f"method={method}", "model=logreg", "dataset=digits", "trainer.epochs=2",
+                 "trainer.batch_size=64"]
+    full = run_config(compose_config(*overrides), tmp_path / "full")
+    trainer = build_trainer(compose_config(*overrides), tmp_path / "cut",
+                            [_Crash(epoch=2, after=3)])
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    resumed = run_config(compose_config(*overrides, "trainer.resume=true"), tmp_path / "cut")
+    assert resumed["privacy_ledger"] == full["privacy_ledger"]
+    assert resumed["metrics"]["accuracy"] == full["metrics"]["accuracy"]
+    assert resumed["metrics"]["loss"] == full["metrics"]["loss"]
