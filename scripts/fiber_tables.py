@@ -46,13 +46,17 @@ def collect(root: Path) -> dict[str, dict[float, list[dict]]]:
 
 def render(table, labels: list[str], title: str) -> list[str]:
     eps = sorted({e for lab in labels if lab in table for e in table[lab]})
-    lines = [f"### {title}", "", "| method | " + " | ".join(f"eps {e:g}" for e in eps) + " |",
-             "|---|" + "---|" * len(eps)]
+    if not eps:
+        return [f"### {title}", "", "(no completed runs)", ""]
+    lines = [f"### {title}", "", "| method | grad evals / step | "
+             + " | ".join(f"eps {e:g}" for e in eps) + " |", "|---|---|" + "---|" * len(eps)]
     for lab in labels:
         if lab not in table:
             continue
         cells = [_fmt([r["metrics"]["accuracy"] for r in table[lab].get(e, [])]) for e in eps]
-        lines.append(f"| {lab} | " + " | ".join(cells) + " |")
+        first = next(r for rs in table[lab].values() for r in rs)
+        evals = first.get("method_summary", {}).get("gradient_evaluations_per_step", "?")
+        lines.append(f"| {lab} | {evals} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
