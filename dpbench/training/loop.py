@@ -116,6 +116,11 @@ class Trainer:
             raise ConfigError(f"method {method.name!r} does not support the {data.task!r} task "
                               f"of dataset {data.name!r} (it supports: "
                               f"{', '.join(sorted(method.tasks))})")
+        if self.plan.private and method.needs_per_example_grads and \
+                trainer.grad_sample_mode == "ghost":
+            raise ConfigError(f"method {method.name!r} combines per-example gradients and "
+                              "needs them materialised: use trainer.grad_sample_mode=hooks "
+                              "or functorch, not ghost")
         torch.manual_seed(seed)
         model = method.configure_model(model)
         if self.plan.private:

@@ -1,0 +1,109 @@
+"""DiSK (Zhang, Bu, Balle, Hong, Razaviyayn, Mirrokni, arXiv 2410.03883): a simplified
+Kalman filter on the privatised gradient, with a two-point observation.
+
+Stages (DESIGN.md): 2 evaluation points, 4 their per-example combination (done by the loop,
+*before* clipping, so one release and no extra privacy cost), 7 the filter, 8 the base
+optimiser (any ``torch.optim`` factory from the YAML, AdamW by default).
+
+* observation (DiSK eq. for u_t; METHODS.md sec. 2), with ``a = (1 - kappa) / (kappa gamma)``
+  and ``d_t = theta_t - theta_{t-1}``:
+  ``u_i = a grad f_i(theta_t + gamma d_t) + (1 - a) grad f_i(theta_t)``;
+* release (the loop): ``g_t = (sum_i clip_C(u_i) + N(0, sigma^2 C^2 I)) / B``;
+* filter, the paper's convention: ``g~_t = (1 - kappa) g~_{t-1} + kappa g_t``, g~_0 = g_0.
+  (Opacus's research port swaps kappa and 1 - kappa.)
+
+kappa = 1 gives a = 0 and g~ = g: the base optimiser on the DP gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dpbench.errors import ConfigError
+from dpbench.methods import register_method
+from dpbench.methods.base import DPMethod, EvalPoint, RunInfo, StepContext
+
+
+class TwoPointObservation(DPMethod):
+    """Stages 2 and 8 of DiSK/FIBER: the points theta and theta + gamma d, and theta_{t-1}."""
+
+    needs_per_example_grads = True  # the two points are combined per example before clipping
+
+    def __init__(self, optimizer=None, **settings: Any) -> None:
+        super().__init__(optimizer, **settings)
+        self.previous_params: list[torch.Tensor] | None = None  # theta_{t-1}
+
+    @property
+    def lookahead_weight(self) -> float:
+        """Return a = (1 - kappa) / (kappa gamma), the weight of grad f(theta + gamma d)."""
+        kappa, gamma = self.settings["kappa"], self.settings["gamma"]
+        return (1.0 - kappa) / (kappa * gamma)
+
+    def validate(self, info: RunInfo) -> None:
+        kappa, gamma = self.settings["kappa"], self.settings["gamma"]
+        if not (isinstance(kappa, (int, float)) and 0 < kappa <= 1):
+            raise ConfigError(f"method.settings.kappa must lie in (0, 1] (got {kappa!r})")
+        if not (isinstance(gamma, (int, float)) and gamma > 0):
+            raise ConfigError(f"method.settings.gamma must be > 0 (got {gamma!r})")
+
+    def gradient_evaluations_per_step(self) -> int:
+        """Return 2, or 1 when a = 0 or a = 1 (the first step always takes 1: d_0 = 0)."""
+        return 1 if self.lookahead_weight in (0.0, 1.0) else 2
+
+    def evaluation_points(self, ctx: StepContext) -> list[EvalPoint]:
+        """Return [theta with weight 1 - a, theta + gamma d with weight a] (DiSK's u_t)."""
+        a, gamma = self.lookahead_weight, self.settings["gamma"]
+        if a == 0.0 or self.previous_params is None:  # u = grad f(theta) exactly (d_0 = 0)
+            return [EvalPoint()]
+        offsets = [gamma * (p.detach() - prev)
+                   for p, prev in zip(self.params, self.previous_params)]
+        if a == 1.0:
+            return [EvalPoint(weight=1.0, offsets=offsets)]
+        return [EvalPoint(weight=1.0 - a), EvalPoint(weight=a, offsets=offsets)]
+
+    def update(self, grads: list[torch.Tensor], ctx: StepContext) -> None:
+        """Run the optimiser and remember theta_t, so that d_{t+1} = theta_{t+1} - theta_t."""
+        previous = [p.detach().clone() for p in self.params]
+        super().update(grads, ctx)
+        self.previous_params = previous
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"previous_params": self.previous_params}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        prev = state.get("previous_params")
+        self.previous_params = ([t.to(p.device) for t, p in zip(prev, self.params)]
+                                if prev is not None else None)
+
+
+@register_method("disk")
+class DiSK(TwoPointObservation):
+    """DiSK: the two-point observation, then ``g~_t = (1 - kappa) g~_{t-1} + kappa g_t``."""
+
+    def __init__(self, optimizer=None, **settings: Any) -> None:
+        super().__init__(optimizer, **settings)
+        self.filtered: list[torch.Tensor] | None = None  # g~_{t-1}
+
+    @classmethod
+    def settings_defaults(cls) -> dict[str, Any]:
+        return {"kappa": 0.7, "gamma": 0.5}
+
+    def postprocess(self, grads: list[torch.Tensor], ctx: StepContext) -> list[torch.Tensor]:
+        """Return g~_t = (1 - kappa) g~_{t-1} + kappa g_t (DiSK, simplified Kalman update)."""
+        kappa = self.settings["kappa"]
+        if self.filtered is None:
+            self.filtered = [g.detach().clone() for g in grads]
+        else:
+            for f, g in zip(self.filtered, grads):
+                f.mul_(1.0 - kappa).add_(g, alpha=kappa)
+        return [f.clone() for f in self.filtered]
+
+    def extra_state(self) -> dict[str, Any]:
+        return {**super().extra_state(), "filtered": self.filtered}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        super().load_extra_state(state)
+        f = state.get("filtered")
+        self.filtered = [t.to(p.device) for t, p in zip(f, self.params)] if f else None

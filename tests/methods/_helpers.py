@@ -1,0 +1,42 @@
+"""Drive a method's post-release stages (7 and 8) directly on synthetic released gradients."""
+
+from __future__ import annotations
+
+import torch
+
+from dpbench.methods.base import DPMethod, RunInfo, StepContext
+
+
+def info(private: bool = True) -> RunInfo:
+    return RunInfo(dataset_size=1000, expected_batch_size=100.0, sample_rate=0.1,
+                   total_steps=100, noise_multiplier=1.0, clip_norm=1.0, private=private,
+                   task="classification", device=torch.device("cpu"))
+
+
+def ctx(step: int = 0, noise_std: float = 0.0, private: bool = True) -> StepContext:
+    return StepContext(step=step, epoch=0, private=private, noise_multiplier=1.0,
+                       clip_norm=1.0, expected_batch_size=100.0, sample_rate=0.1,
+                       dataset_size=1000, total_steps=100, noise_std=noise_std)
+
+
+def set_up(method: DPMethod, params: list[torch.nn.Parameter]) -> DPMethod:
+    method.validate(info())
+    method.setup(params, info())
+    return method
+
+
+def params_like(seed: int = 0, shapes=((5, 3), (3,))) -> list[torch.nn.Parameter]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(*s, generator=gen)) for s in shapes]
+
+
+def released_stream(steps: int, shapes=((5, 3), (3,)), seed: int = 1) -> list[list[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [[torch.randn(*s, generator=gen) * 0.1 for s in shapes] for _ in range(steps)]
+
+
+def run_post_release(method: DPMethod, stream, noise_std: float) -> None:
+    """Apply stages 7-8 to each released gradient of ``stream``."""
+    for t, grads in enumerate(stream):
+        c = ctx(step=t, noise_std=noise_std)
+        method.update(method.postprocess([g.clone() for g in grads], c), c)
