@@ -40,3 +40,7 @@ bench: $(STAMP)  ## DP step time / non-private step time per model and grad-samp
 
 clean:  ## remove run outputs (keeps .venv)
 	rm -rf outputs/runs outputs/multirun
+
+.PHONY: reproduce-dp-ivon
+reproduce-dp-ivon: $(STAMP)  ## DP-IVON-Gradsq vs DP-SGD/DP-Adam, CPU scale: tables in outputs/dp_ivon/cpu
+	DPBENCH_DATA_ROOT=$${DPBENCH_DATA_ROOT:-$(DPBENCH_SHARED_DATA)} PYTHON=$(BIN)/python scripts/reproduce_dp_ivon.sh cpu
