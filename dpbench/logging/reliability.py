@@ -29,8 +29,9 @@ def plot_reliability(confidence: list[float], accuracy: list[float], count: list
     n_bins = len(count)
     width = 1.0 / n_bins
     lefts = [k * width for k in range(n_bins)]
-    acc = [0.0 if math.isnan(a) else a for a in accuracy]
-    conf = [lo + width / 2 if math.isnan(c) else c for lo, c in zip(lefts, confidence)]
+    empty = [n == 0 or math.isnan(a) for n, a in zip(count, accuracy)]  # drawn as nothing
+    acc = [0.0 if e else a for e, a in zip(empty, accuracy)]
+    conf = [0.0 if e else c for e, c in zip(empty, confidence)]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(4, 5), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 1]})
     top.bar(lefts, acc, width=width, align="edge", edgecolor="black", label="accuracy")
