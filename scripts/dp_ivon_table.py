@@ -60,7 +60,7 @@ def main() -> None:
     runs.to_csv(args.out / "dp_ivon_runs.csv", index=False)
     parts = [f"# DP-IVON vs DP-SGD / DP-Adam ({len(runs)} runs; mean +- std over seeds, "
              "(n) = seeds; columns: target epsilon)\n"]
-    for metric in METRICS + ["at_mean_accuracy", "vhat_zero_fraction"]:
+    for metric in METRICS + ["at_mean_accuracy", "at_mean_ece", "vhat_zero_fraction"]:
         if runs[metric].notna().any():
             table = mean_std(runs.dropna(subset=[metric]), metric).to_markdown()
             parts.append(f"## {metric}\n\n{table}\n")
