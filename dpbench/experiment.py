@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -62,6 +63,8 @@ def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
     if cfg.dataset.get("task") and cfg.dataset.task != data.task:
         raise ConfigError(f"dataset.task is {cfg.dataset.task!r} but {data.name} is a "
                           f"{data.task!r} data set")
+    torch.manual_seed(int(cfg.seed))  # the initial weights follow the seed (and not the
+    # global RNG state left by earlier jobs of a sweep or tests in the same process)
     model = get_model_builder(cfg.model.name)(
         data.input_shape, data.num_classes, **_settings(cfg.model, "name"),
         **({"data": data} if cfg.model.get("needs_data") else {}))

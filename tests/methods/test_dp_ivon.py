@@ -69,3 +69,32 @@ def test_dp_ivon_costs_exactly_what_dpsgd_costs(tmp_path):
     assert 0.0 <= ivon["metrics"]["vhat_zero_fraction"] <= 1.0
     for key in ("nll", "ece", "brier"):  # the baselines report the same calibration metrics
         assert key in sgd["metrics"] and key in ivon["metrics"]
+
+
+class _StopAfterFirstEpoch:
+    def on_run_start(self, trainer): ...
+    def on_step_end(self, trainer, metrics): ...
+    def on_run_end(self, trainer, result): ...
+
+    def on_epoch_end(self, trainer, metrics):
+        raise KeyboardInterrupt  # after the epoch's checkpoint was written
+
+
+def test_resumed_run_equals_uninterrupted_run(tmp_path):
+    from dpbench.experiment import build_trainer
+
+    args = ["method=dp_ivon", "dataset=digits", "model=logreg", "trainer.epochs=2",
+            "trainer.batch_size=512", "method.settings.eval_samples=1", "trainer.resume=true"]
+    straight = build_trainer(compose_config(*args), tmp_path / "a")
+    straight.fit()
+    interrupted = build_trainer(compose_config(*args), tmp_path / "b",
+                                callbacks=[_StopAfterFirstEpoch()])
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.fit()
+    resumed = build_trainer(compose_config(*args), tmp_path / "b")
+    resumed.fit()
+    for p, q in zip(straight.params, resumed.params):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    for h, k in zip(straight.method.ivon.hessians(), resumed.method.ivon.hessians()):
+        torch.testing.assert_close(h, k, rtol=0, atol=0)
+    assert straight.method.hess_mean() != pytest.approx(0.1)  # h moved away from h0
