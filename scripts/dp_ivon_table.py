@@ -35,7 +35,11 @@ def load_runs(folders: list[Path]) -> pd.DataFrame:
                    "wall_time_s": r["wall_time_s"], "run": str(path.parent)}
             row.update({k: m.get(k) for k in METRICS + EXTRA})
             rows.append(row)
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    key = ["method", "batch_size", "clip_norm", "target_epsilon", "seed"]
+    return frame.drop_duplicates(subset=key, keep="first")  # a rerun in another folder
 
 
 def mean_std(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
