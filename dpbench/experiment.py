@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -19,6 +18,7 @@ from dpbench.methods import get_method
 from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
 from dpbench.training.loop import Callback, Trainer
+from dpbench.utils.seeding import seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ def build_method(cfg: DictConfig):
 def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
                   callbacks: list[Callback] | None = None) -> Trainer:
     """Validate every setting, load data and model, calibrate noise; train nothing yet."""
+    seed_everything(int(cfg.seed))  # model initialisation depends on the seed alone
     privacy = _typed(PrivacyConfig, cfg.privacy, "privacy")
     trainer_cfg = _typed(TrainerConfig, cfg.trainer, "trainer")
     method = build_method(cfg)
@@ -63,8 +64,6 @@ def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
     if cfg.dataset.get("task") and cfg.dataset.task != data.task:
         raise ConfigError(f"dataset.task is {cfg.dataset.task!r} but {data.name} is a "
                           f"{data.task!r} data set")
-    torch.manual_seed(int(cfg.seed))  # the initial weights follow the seed (and not the
-    # global RNG state left by earlier jobs of a sweep or tests in the same process)
     model = get_model_builder(cfg.model.name)(
         data.input_shape, data.num_classes, **_settings(cfg.model, "name"),
         **({"data": data} if cfg.model.get("needs_data") else {}))
