@@ -47,3 +47,7 @@ clean:  ## remove run outputs (keeps .venv)
 reproduce-bounded-adaclip: $(STAMP)  ## bounded adaptive clipping: 4 clipping methods x 3 seeds (cpu scale), table + Pareto plots
 	PY=$(BIN)/python scripts/reproduce_bounded_adaclip.sh cpu outputs/bounded_adaclip_cpu
 .PHONY: reproduce-bounded-adaclip
+
+.PHONY: reproduce-dp-ivon
+reproduce-dp-ivon: $(STAMP)  ## DP-IVON-Gradsq vs DP-SGD/DP-Adam, CPU scale: tables in outputs/dp_ivon/cpu
+	DPBENCH_DATA_ROOT=$${DPBENCH_DATA_ROOT:-$(DPBENCH_SHARED_DATA)} PYTHON=$(BIN)/python scripts/reproduce_dp_ivon.sh cpu

@@ -42,9 +42,11 @@ def _remove_if_fresh(run_dir: Path, existed_before: bool) -> None:
 
 def _callbacks(cfg: DictConfig, run_dir: Path, multirun: bool):
     from dpbench.logging.progress import ProgressBar
+    from dpbench.logging.reliability import ReliabilityDiagram
     from dpbench.logging.results import ResultsStore
 
-    callbacks = [ResultsStore(cfg, run_dir)]
+    callbacks = [ResultsStore(cfg, run_dir),
+                 ReliabilityDiagram(run_dir, cfg.get("run_name") or "")]
     if cfg.trainer.get("progress", True):
         callbacks.append(ProgressBar())
     if cfg.get("logger") is not None and cfg.logger.get("_target_"):

@@ -1,4 +1,4 @@
-"""Classification: cross-entropy per example; accuracy, per-class accuracy and loss."""
+"""Classification: cross-entropy per example; accuracy, per-class accuracy, NLL and calibration."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from torch import nn
 
 from dpbench.tasks import register_task
 from dpbench.tasks.base import Task
+from dpbench.tasks.calibration import calibration_metrics
 from dpbench.training.batches import move_to
 
 
@@ -28,7 +29,7 @@ class Classification(Task):
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader: Any, device: torch.device,
                  predict: Any = None) -> dict[str, Any]:
-        """Return accuracy, per-class accuracy and mean NLL; ``predict`` maps x -> log-probs."""
+        """Return accuracy, per-class accuracy, NLL, ECE, Brier; ``predict`` maps x -> log-probs."""
         predict = predict or (lambda x: self.predict_log_proba(model, x))
         was_training = model.training
         model.eval()
@@ -44,7 +45,7 @@ class Classification(Task):
 
 def classification_metrics(log_probs: torch.Tensor, y: torch.Tensor,
                            num_classes: int) -> dict[str, Any]:
-    """Return accuracy, per-class accuracy, macro/worst-class accuracy, parity and NLL.
+    """Return accuracy, per-class/macro/worst-class accuracy, parity, NLL, ECE (15 bins), Brier.
 
     ``accuracy_parity`` is the largest gap between two classes' accuracies (max - min).
     """
@@ -62,4 +63,5 @@ def classification_metrics(log_probs: torch.Tensor, y: torch.Tensor,
         "worst_class_accuracy": min(present),
         "accuracy_parity": max(present) - min(present),
         "per_class_accuracy": per_class,
+        **calibration_metrics(log_probs, y),
     }

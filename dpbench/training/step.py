@@ -119,8 +119,9 @@ def nonprivate_gradient(method: DPMethod, model: torch.nn.Module, params, task: 
     n = batch_size(batch)
     sums = [torch.zeros_like(p) for p in params]
     losses = []
+    points = method.evaluation_points(ctx)  # once per step (not per chunk), as the DP path
     for chunk in (physical_chunks(batch, max_physical) if n > 0 else []):
-        for point in method.evaluation_points(ctx):
+        for point in points:
             with parameters_at(params, point.offsets):
                 for p in params:
                     p.grad = None

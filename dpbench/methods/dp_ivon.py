@@ -1,0 +1,35 @@
+"""DP-IVON-Gradsq: IVON on the DP-SGD release with a noise-corrected squared-gradient curvature.
+
+METHODS.md section 3 (seed 001). Per step: sample theta = m + e / sqrt(N (h + delta)) (stage 2),
+per-example gradients at theta, clip and add noise (the loop: one Gaussian release, exactly as
+DP-SGD), then, as post-processing of the released g_dp:
+
+    v_hat = max(g_dp^2 - sigma^2 C^2 / B^2, 0),   f = N v_hat
+    h <- beta2 h + (1-beta2) f + 0.5 (1-beta2)^2 (h - f)^2 / (h + delta)
+    g_m <- beta1 g_m + (1-beta1) g_dp
+    m <- m - lr (h0 + delta) (g_m / (1 - beta1^t) + delta m) / (h + delta)
+
+sigma^2 C^2 / B^2 is ``ctx.noise_std ** 2`` (the loop's per-coordinate noise variance of g_dp,
+with the expected B). Ablations: ``correction=false`` (v_hat = g_dp^2) and ``hess=reparam``
+(the naive DP-IVON: IVON's g_dp (theta - m) / sigma_v^2 on the noisy gradient). With
+``mc_samples`` S > 1 the per-example gradients of the S samples are averaged before clipping,
+so the privacy cost is unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpbench.methods import register_method
+from dpbench.methods.ivon import IVON
+
+
+@register_method("dp_ivon")
+class DPIVON(IVON):
+    """IVON after the DP release; overrides stages 2 and 8 and the evaluation (no privacy cost)."""
+
+    private = True
+
+    @classmethod
+    def settings_defaults(cls) -> dict[str, Any]:
+        return {**super().settings_defaults(), "hess": "gradsq"}
