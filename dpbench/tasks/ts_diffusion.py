@@ -10,8 +10,10 @@ The draws use the global torch RNG (seeded and checkpointed by the loop). A step
 evaluates the gradient at several points (DiSK/FIBER) sees the same draws at every point: they
 are cached for the batch object the loop passes to each point.
 
-Evaluation: S ancestral samples per window (Ho et al. 2020, Alg. 2) from a fixed generator;
-the point estimate is their median; metrics in ``ts_metrics`` on the original scale.
+Evaluation: S ancestral samples per window (Ho et al. 2020, Alg. 2) from a fixed generator,
+with the predicted x_0 clamped to +-``clip_denoised`` scaled units (the reference DDPM code's
+``clip_denoised``; null disables it); the point estimate is the median of the samples;
+metrics in ``ts_metrics`` on the original scale.
 Gradient diagnostics (private runs, ``gradient_diagnostics: true``): per-example norms of the
 conditioning pathway (condition encoder + modulation layers) and of the rest, the clip rate
 and clip severity, summarised per epoch. They are computed on private data and are not
@@ -60,7 +62,8 @@ class TimeSeriesDiffusion(Task):
     def __init__(self, data: Any = None, diffusion_steps: int = 50, beta_start: float = 1e-4,
                  beta_end: float = 0.5, schedule: str = "quad", num_samples: int = 8,
                  eval_seed: int = 0, mape_eps: float = 1e-2, js_bins: int = 50,
-                 acf_lags: int = 10, gradient_diagnostics: bool = True,
+                 acf_lags: int = 10, clip_denoised: float | None = 5.0,
+                 gradient_diagnostics: bool = True,
                  resample_train_masks: bool = True, **settings: Any) -> None:
         super().__init__(data, **settings)
         if diffusion_steps < 1 or num_samples < 1:
@@ -71,6 +74,7 @@ class TimeSeriesDiffusion(Task):
         self.betas = betas.float()
         self.alpha_bars = torch.cumprod(1 - betas, dim=0).float()
         self.num_samples, self.eval_seed = num_samples, eval_seed
+        self.clip_denoised = clip_denoised
         self.mape_eps, self.js_bins, self.acf_lags = mape_eps, js_bins, acf_lags
         self.observes_gradients = bool(gradient_diagnostics)
         self.resample_train_masks = resample_train_masks
@@ -129,9 +133,15 @@ class TimeSeriesDiffusion(Task):
             t = torch.full((x.shape[0],), step, device=x.device, dtype=torch.long)
             eps_hat = model(x * target_r, target_r, t, cv, cm, cov)
             beta, abar = betas[step], abars[step]
-            x = (x - beta / (1 - abar).sqrt() * eps_hat) / (1 - beta).sqrt()
+            abar_prev = abars[step - 1] if step > 0 else torch.ones_like(abar)
+            x0 = (x - (1 - abar).sqrt() * eps_hat) / abar.sqrt()
+            if self.clip_denoised is not None:
+                x0 = x0.clamp(-self.clip_denoised, self.clip_denoised)
+            # posterior mean of q(x_{t-1} | x_t, x0) (Ho et al. 2020, eq. 7)
+            x = (beta * abar_prev.sqrt() * x0 + (1 - abar_prev) * (1 - beta).sqrt() * x) / (
+                1 - abar)
             if step > 0:
-                var = beta * (1 - abars[step - 1]) / (1 - abar)
+                var = beta * (1 - abar_prev) / (1 - abar)
                 x = x + var.sqrt() * torch.randn(x.shape, generator=generator, device=x.device)
         return (x * target_r).view(num_samples, n, *values.shape[1:])
 
