@@ -64,8 +64,12 @@ def tables(groups) -> str:
         if a and v:
             ma = np.mean([r["metrics"]["rmse"] for r in a])
             mv = np.mean([r["metrics"]["rmse"] for r in v])
+            va = {r["seed"]: r["metrics"]["rmse"] for r in a}
+            vv = {r["seed"]: r["metrics"]["rmse"] for r in v}
+            diffs = [va[k] - vv[k] for k in sorted(set(va) & set(vv))]
             lines.append(f"- sigma {sigma or 'non-private'}: dp_adaln {ma:.3f} vs dp_vanilla "
-                         f"{mv:.3f} -> ratio {ma / mv:.3f} "
+                         f"{mv:.3f} -> ratio {ma / mv:.3f}; paired per-seed difference "
+                         f"{cell(diffs)} over {len(diffs)} seeds "
                          f"({'DP-aware better' if ma < mv else 'DP-aware NOT better'})")
     return "\n".join(lines) + "\n"
 
@@ -87,7 +91,7 @@ def figure(groups, path: Path) -> None:
             if norms:
                 ax.hist(norms, bins=50, alpha=0.5, color=color, label=method, log=True)
         ax.set_title(f"sigma = {sigma}")
-        ax.set_xlabel("per-example ||g_cond|| (last epoch)")
+        ax.set_xlabel("per-example ||g_cond|| (all steps)")
     axes[0][0].set_ylabel("count (log)")
     axes[0][0].legend()
     fig.tight_layout()

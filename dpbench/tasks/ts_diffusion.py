@@ -16,8 +16,8 @@ with the predicted x_0 clamped to +-``clip_denoised`` scaled units (the referenc
 metrics in ``ts_metrics`` on the original scale.
 Gradient diagnostics (private runs, ``gradient_diagnostics: true``): per-example norms of the
 conditioning pathway (condition encoder + modulation layers) and of the rest, the clip rate
-and clip severity, summarised per epoch. They are computed on private data and are not
-privatised: diagnostics only, like the training loss.
+and clip severity, logged per step and summarised at each evaluation. They are computed on
+private data and are not privatised: diagnostics only, like the training loss.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from dpbench.tasks.ts_metrics import (
 )
 from dpbench.training.batches import move_to
 
-NORM_SAMPLE_SIZE = 2000  # per-example norms kept per epoch for histograms
+NORM_SAMPLE_SIZE = 2000  # per-example norms kept per evaluation for histograms
 
 
 def noise_schedule(steps: int, beta_start: float, beta_end: float, kind: str) -> torch.Tensor:
@@ -84,7 +84,7 @@ class TimeSeriesDiffusion(Task):
         self.scale = torch.tensor(extras.get("scale", [1.0]))
         self._cache: tuple[Any, tuple] | None = None
         self._diag: dict[str, list[torch.Tensor]] = {}
-        self._last_step: dict[str, float] = {}
+        self._step: dict[str, list[torch.Tensor]] = {}
 
     # ---- training ------------------------------------------------------------------------
     @staticmethod
@@ -200,16 +200,25 @@ class TimeSeriesDiffusion(Task):
                 rest += sq
         for key, v in (("g_cond", cond.sqrt()), ("g_rest", rest.sqrt()), ("g_total", norms),
                        ("clip_norm", torch.full_like(norms, clip_norm))):
-            self._diag.setdefault(key, []).append(v.detach().cpu())
-        self._last_step = {**quantile_summary("g_cond", cond.sqrt().cpu()),
-                           **clip_summary(norms.cpu(), clip_norm)}
+            v = v.detach().cpu()
+            self._diag.setdefault(key, []).append(v)
+            self._step.setdefault(key, []).append(v)
 
     def step_metrics(self) -> dict[str, float]:
-        out, self._last_step = self._last_step, {}
-        return out
+        """Return this step's g_cond quantiles, clip rate and severity (all its chunks)."""
+        if not self._step:
+            return {}
+        d = {k: torch.cat(v) for k, v in self._step.items()}
+        self._step = {}
+        return {**quantile_summary("g_cond", d["g_cond"]),
+                **clip_summary(d["g_total"], d["clip_norm"])}
 
     def diagnostics_summary(self) -> dict[str, Any]:
-        """Return the epoch's norm quantiles, clip rate/severity and a norm sample; reset."""
+        """Return norm quantiles, clip rate/severity and a norm sample of every step since the
+        last evaluation (the whole run when only the last epoch is evaluated); reset.
+
+        Kept in memory only: after a resume the summary covers the steps since the resume.
+        """
         if not self._diag:
             return {}
         d = {k: torch.cat(v) for k, v in self._diag.items()}

@@ -83,3 +83,13 @@ def test_targets_never_reach_the_condition(tmp_path):
         step = torch.zeros(len(values), dtype=torch.long)
         assert torch.equal(model.condition(step, cv, cm, feats),
                            model.condition(step, pv, pm, feats))
+
+
+def test_ettm1_reads_the_gzip_and_uses_four_times_the_rows(shared_data):
+    data = get_dataset_builder("ettm1")(root=shared_data, window=96, train_stride=96,
+                                        test_stride=96, mode="forecast", horizon=24)
+    assert len(data.train) == 34560 // 96 and len(data.test) == (11520 + 96) // 96
+    target = data.test.tensors[2]
+    assert float(target[:, -24:].mean()) == 1.0 and float(target[:, :-24].sum()) == 0.0
+    with pytest.raises(ConfigError):
+        get_dataset_builder("ettm1")(root=None)

@@ -72,7 +72,8 @@ def test_model_option_composes_with_any_method(sine_csv, method):
     from dpbench.experiment import build_trainer
 
     cfg = compose_config("dataset=csv_timeseries", f"dataset.path={sine_csv}",
-                         f"method={method}", "model.dp_aware=true", "trainer.epochs=1", *TINY)
+                         f"method={method}", "model.dp_aware=true", "trainer.epochs=1",
+                         "privacy=sigma", *TINY)
     trainer = build_trainer(cfg, None)
     assert trainer.model.bounds.enabled is (method == "dpsgd")  # dp_vanilla switches it off
 
