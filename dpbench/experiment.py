@@ -18,6 +18,7 @@ from dpbench.methods import get_method
 from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
 from dpbench.training.loop import Callback, Trainer
+from dpbench.utils.seeding import seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ def build_method(cfg: DictConfig):
 def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
                   callbacks: list[Callback] | None = None) -> Trainer:
     """Validate every setting, load data and model, calibrate noise; train nothing yet."""
+    seed_everything(int(cfg.seed))  # model initialisation depends on the seed alone
     privacy = _typed(PrivacyConfig, cfg.privacy, "privacy")
     trainer_cfg = _typed(TrainerConfig, cfg.trainer, "trainer")
     method = build_method(cfg)
