@@ -8,6 +8,8 @@ export DPBENCH_SHARED_DATA ?= $(abspath ../shared/data)
 .DEFAULT_GOAL := help
 .PHONY: help setup demo test test-full lint format bench clean reproduce-fiber
 
+.PHONY: help setup demo test test-full lint format bench clean reproduce-dp-adaln
+
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
 
@@ -40,6 +42,9 @@ bench: $(STAMP)  ## DP step time / non-private step time per model and grad-samp
 
 reproduce-fiber: $(STAMP)  ## FIBER/DiSK/DP-AdamBC vs DP-AdamW: accuracy x eps, ablation, time per step (CPU)
 	PY=$(BIN)/python scripts/reproduce_fiber.sh
+
+reproduce-dp-adaln: $(STAMP)  ## DP-aware AdaLN-Zero vs DP-vanilla, ETTh1 imputation, cpu scale (table + figure)
+	PY=$(BIN)/python scripts/reproduce_dp_adaln.sh cpu
 
 clean:  ## remove run outputs (keeps .venv)
 	rm -rf outputs/runs outputs/multirun

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -12,6 +13,8 @@ class Task:
     """Loss per example and evaluation; subclasses are registered under a task kind."""
 
     name = ""
+    #: opt in to ``observe_per_example_gradients`` (off by default: a pass over every g_i)
+    observes_gradients: bool = False
 
     def __init__(self, data: Any = None, **settings: Any) -> None:
         self.data = data
@@ -25,6 +28,19 @@ class Task:
                  predict: Any = None) -> dict[str, Any]:
         """Return test metrics (a flat dict of floats, plus lists for per-class values)."""
         raise NotImplementedError
+
+    def observe_per_example_gradients(self, named_grads: Mapping[str, torch.Tensor],
+                                      norms: torch.Tensor, clip_norm: float) -> None:
+        """See each chunk's unclipped per-example gradients by parameter name (diagnostics).
+
+        Called by the loop only when ``observes_gradients`` and per-example gradients are
+        materialised (not in ghost mode). What a task derives from them is computed on private
+        data and is not privatised: log it as a diagnostic, never feed it back into training.
+        """
+
+    def step_metrics(self) -> dict[str, float]:
+        """Return per-step diagnostics to log (e.g. from observed gradients)."""
+        return {}
 
     def primary_metric(self) -> tuple[str, str]:
         """Return (metric name, "max" or "min") that tables and reports lead with."""

@@ -214,6 +214,7 @@ class Trainer:
                             "grad_norm_p50": float(q[0]), "grad_norm_p90": float(q[1]),
                             "grad_norm_p99": float(q[2]), "grad_norm_max": float(q[3])})
         metrics.update(self.method.step_metrics())
+        metrics.update(self.task.step_metrics())
         return metrics
 
     # ---- epochs, evaluation, checkpoints -------------------------------------------------

@@ -44,6 +44,7 @@ class PerExampleGradients:
             self.module = GradSampleModule(model, batch_first=True, loss_reduction="sum",
                                            force_functorch=mode == "functorch")
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.names = [n for n, p in model.named_parameters() if p.requires_grad]
 
     def _clear(self) -> None:
         for p in self.params:

@@ -75,6 +75,9 @@ def private_release(method: DPMethod, engine: PerExampleGradients, task: Task, b
                     for c, g in zip(combined, grads):
                         c.add_(g, alpha=point.weight)
             norms = flat_norms(combined)
+            if task.observes_gradients:  # diagnostics only (off by default)
+                task.observe_per_example_gradients(dict(zip(engine.names, combined)), norms,
+                                                   ctx.clip_norm)
             factors = method.clip_factors(norms, ctx)
             chunk_sums = [torch.einsum("i,i...->...", factors.to(c.dtype), c) for c in combined]
         _check_bound("gradient", factors * norms, sensitivity)
