@@ -6,9 +6,9 @@ STAMP   := $(VENV)/.installed
 export DPBENCH_SHARED_DATA ?= $(abspath ../shared/data)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-full lint format bench clean reproduce-fiber
 
-.PHONY: help setup demo test test-full lint format bench clean reproduce-dp-adaln
+.PHONY: help setup demo test test-full lint format bench clean reproduce-fiber \
+        reproduce-dp-adaln reproduce-bounded-adaclip reproduce-dp-ivon
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
@@ -51,8 +51,6 @@ clean:  ## remove run outputs (keeps .venv)
 
 reproduce-bounded-adaclip: $(STAMP)  ## bounded adaptive clipping: 4 clipping methods x 3 seeds (cpu scale), table + Pareto plots
 	PY=$(BIN)/python scripts/reproduce_bounded_adaclip.sh cpu outputs/bounded_adaclip_cpu
-.PHONY: reproduce-bounded-adaclip
 
-.PHONY: reproduce-dp-ivon
 reproduce-dp-ivon: $(STAMP)  ## DP-IVON-Gradsq vs DP-SGD/DP-Adam, CPU scale: tables in outputs/dp_ivon/cpu
 	DPBENCH_DATA_ROOT=$${DPBENCH_DATA_ROOT:-$(DPBENCH_SHARED_DATA)} PYTHON=$(BIN)/python scripts/reproduce_dp_ivon.sh cpu
