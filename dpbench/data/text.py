@@ -21,7 +21,7 @@ from torch.utils.data import TensorDataset
 from dpbench.data import register_dataset
 from dpbench.data.base import TaskData, read_failed, resolve_data_root, subset_indices
 from dpbench.errors import DataError
-from dpbench.utils.pretrained import OFFLINE_DEFAULT, from_pretrained
+from dpbench.utils.pretrained import OFFLINE_DEFAULT, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +102,7 @@ def build_glue(task: str, root=None, tokenizer: str = OFFLINE_DEFAULT, max_lengt
     else:
         train, test = _load_hf(spec, "train"), _load_hf(spec, spec.hf_dev)
         log.info("GLUE %s through `datasets`; evaluated on %s", spec.hf_name, spec.hf_dev)
-    from transformers import AutoTokenizer
-
-    tok = from_pretrained(AutoTokenizer, tokenizer)
+    tok = load_tokenizer(tokenizer)
     parts = []
     for (texts, labels), size in ((train, train_size), (test, test_size)):
         idx = subset_indices(len(labels), size)

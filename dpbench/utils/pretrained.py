@@ -15,6 +15,8 @@ from typing import Any
 from dpbench.errors import DataError
 
 OFFLINE_DEFAULT = "minilm"
+#: a randomly initialised tiny causal LM (tests); it uses the offline MiniLM tokenizer
+TINY_RANDOM_LM = "tiny-random"
 
 
 def hub_offline() -> bool:
@@ -46,3 +48,19 @@ def from_pretrained(loader: Any, name: str, **kwargs: Any) -> Any:
         raise DataError(f"pretrained model {name!r} is not available {mode}: {err}. Use "
                         f"model.pretrained={OFFLINE_DEFAULT} (packaged, offline) or a local "
                         "folder") from err
+
+
+def load_tokenizer(name: str) -> Any:
+    """Return the tokenizer of ``name`` with a pad and an end-of-sequence token set.
+
+    ``tiny-random`` uses the offline MiniLM (BERT WordPiece) tokenizer, [SEP] as EOS.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = from_pretrained(AutoTokenizer,
+                                OFFLINE_DEFAULT if name == TINY_RANDOM_LM else name)
+    if tokenizer.eos_token is None:
+        tokenizer.eos_token = tokenizer.sep_token
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
