@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export DPBENCH_SHARED_DATA ?= $(abspath ../shared/data)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-full lint format bench clean
+.PHONY: help setup demo test test-full lint format bench clean reproduce-spectral
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
@@ -37,6 +37,9 @@ format: $(STAMP)  ## ruff format + import sort
 
 bench: $(STAMP)  ## DP step time / non-private step time per model and grad-sample mode
 	$(BIN)/dpbench-bench
+
+reproduce-spectral: $(STAMP)  ## spectral_denoise vs dplora on SST-2 (CPU): steps-to-target table, overhead
+	PY=$(BIN)/python scripts/reproduce_spectral_denoise.sh
 
 clean:  ## remove run outputs (keeps .venv)
 	rm -rf outputs/runs outputs/multirun
