@@ -88,6 +88,7 @@ class SpectralDenoise(DPMethod):
         self.selected: list[int] = []
         self._metrics: dict[str, float] = {}
         self.denoise_seconds = 0.0
+        self.totals = {"steps": 0.0, "cosine": 0.0, "passed": 0.0}
 
     def validate(self, info: RunInfo) -> None:
         kappa = self.settings["kappa"]
@@ -143,6 +144,9 @@ class SpectralDenoise(DPMethod):
                 out[i] = denoised[j]
         elapsed = time.perf_counter() - start
         self.denoise_seconds += elapsed
+        self.totals["steps"] += 1
+        self.totals["cosine"] += dot / max(math.sqrt(noisy_sq * clean_sq), 1e-30)
+        self.totals["passed"] += passed
         self._metrics = {
             "denoise_cosine": dot / max(math.sqrt(noisy_sq * clean_sq), 1e-30),
             "denoise_passed": float(passed),
@@ -155,5 +159,15 @@ class SpectralDenoise(DPMethod):
         return dict(self._metrics)
 
     def summary(self) -> dict[str, Any]:
+        steps = max(self.totals["steps"], 1.0)
         return {**super().summary(), "denoised_matrices": len(self.selected),
-                "denoise_seconds_total": self.denoise_seconds}
+                "denoise_seconds_total": self.denoise_seconds,
+                "denoise_cosine_mean": self.totals["cosine"] / steps,
+                "denoise_passed_mean": self.totals["passed"] / steps}
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"denoise_seconds": self.denoise_seconds, "totals": dict(self.totals)}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.denoise_seconds = state.get("denoise_seconds", 0.0)
+        self.totals.update(state.get("totals", {}))

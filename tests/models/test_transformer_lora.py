@@ -81,6 +81,21 @@ def test_lora_per_example_gradients_exact_and_ghost_matches(shared_data):
                                    rtol=1e-4, atol=1e-6)
 
 
+def test_linear_adapter_trains_target_weights_directly():
+    """adapter=linear: the query/value weights and the head train; spectral all_2d selects them."""
+    from dpbench.methods.spectral_denoise import SpectralDenoise
+
+    model = minilm_lora((12,), 2, adapter="linear")
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert len(trainable) == 6 * 2 + 2 and not any("lora_" in n for n in trainable)
+    assert all(n.endswith(("query.weight", "value.weight")) or ".classifier." in n
+               for n in trainable)
+    method = SpectralDenoise(targets="all_2d")
+    method.configure_model(model)
+    method.setup([p for p in model.parameters() if p.requires_grad], None)  # type: ignore
+    assert len(method.selected) == 13  # 12 weights 384 x 384 and the 2 x 384 head
+
+
 def test_bad_model_settings_raise():
     with pytest.raises(ConfigError, match="adapter"):
         minilm_lora((12,), 2, adapter="prefix")
