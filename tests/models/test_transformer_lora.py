@@ -88,7 +88,7 @@ def test_linear_adapter_trains_target_weights_directly():
     model = minilm_lora((12,), 2, adapter="linear")
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert len(trainable) == 6 * 2 + 2 and not any("lora_" in n for n in trainable)
-    assert all(n.endswith(("query.weight", "value.weight")) or ".classifier." in n
+    assert all(n.endswith(("query.weight", "value.weight")) or n.startswith("head.")
                for n in trainable)
     method = SpectralDenoise(targets="all_2d")
     method.configure_model(model)
