@@ -42,6 +42,8 @@ def compare_to_baseline(baseline: dict[str, Any], method: dict[str, Any],
     final = base_rows[-1]
     hit = steps_to_target(method_rows, final[metric], metric)
     out = {"target": final[metric], "baseline_steps": final["step"],
+           "baseline_peak": max(r[metric] for r in base_rows),
+           "method_peak": max(r[metric] for r in method_rows),
            "baseline_epsilon": final["epsilon"],
            "method_final": method_rows[-1][metric], "reached": hit is not None}
     if hit is None:
@@ -102,6 +104,8 @@ def summarise(records: Sequence[dict[str, Any]], baseline: str = "dplora",
             "privacy": privacy, "seeds": len(results),
             f"{baseline} final acc": _mean_std(base_acc),
             f"{method} final acc": _mean_std(meth_acc),
+            f"{baseline} peak acc": _mean_std(r["baseline_peak"] for r in results),
+            f"{method} peak acc": _mean_std(r["method_peak"] for r in results),
             "reached": f"{sum(r['reached'] for r in results)}/{len(results)}",
             "steps to target": _mean_std(r["steps"] for r in results),
             "baseline steps": _mean_std(r["baseline_steps"] for r in results),

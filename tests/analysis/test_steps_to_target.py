@@ -23,6 +23,7 @@ def test_compare_uses_final_baseline_accuracy_and_epsilon():
     meth = _record("spectral_denoise", 0, [0.55, 0.73, 0.74])
     out = compare_to_baseline(base, meth)
     assert out["target"] == 0.72 and out["baseline_steps"] == 10 and out["steps"] == 6
+    assert out["baseline_peak"] == 0.72 and out["method_peak"] == 0.74
     assert math.isclose(out["speedup_pct"], 40.0)
     assert math.isclose(out["epsilon_saved"], 1.0 - 0.6)
     never = compare_to_baseline(base, _record("spectral_denoise", 0, [0.5, 0.6, 0.71]))
