@@ -8,7 +8,8 @@ export DPBENCH_SHARED_DATA ?= $(abspath ../shared/data)
 .DEFAULT_GOAL := help
 
 .PHONY: help setup demo test test-full lint format bench clean reproduce-fiber \
-        reproduce-dp-adaln reproduce-bounded-adaclip reproduce-dp-ivon
+        reproduce-dp-adaln reproduce-bounded-adaclip reproduce-dp-ivon reproduce-spectral
+
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
@@ -45,6 +46,9 @@ reproduce-fiber: $(STAMP)  ## FIBER/DiSK/DP-AdamBC vs DP-AdamW: accuracy x eps, 
 
 reproduce-dp-adaln: $(STAMP)  ## DP-aware AdaLN-Zero vs DP-vanilla, ETTh1 imputation, cpu scale (table + figure)
 	PY=$(BIN)/python scripts/reproduce_dp_adaln.sh cpu
+
+reproduce-spectral: $(STAMP)  ## spectral_denoise vs dplora on SST-2 (CPU): steps-to-target table, overhead
+	PY=$(BIN)/python scripts/reproduce_spectral_denoise.sh
 
 clean:  ## remove run outputs (keeps .venv)
 	rm -rf outputs/runs outputs/multirun

@@ -65,6 +65,7 @@ class TrainerConfig:
     device: str = "auto"
     eval_batch_size: int = 1024
     eval_every: int = 1  # epochs between evaluations (the last epoch is always evaluated)
+    eval_every_steps: int = 0  # >0: also evaluate every k steps (history over steps)
     checkpoint: bool = True
     resume: bool = False
     nonfinite: str = "stop"  # NaN/Inf loss or gradient: "stop", or "skip" the update
@@ -83,6 +84,9 @@ class TrainerConfig:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"trainer.device must be auto, cpu or cuda[:i] "
                               f"(got {self.device!r})")
+        if not isinstance(self.eval_every_steps, int) or self.eval_every_steps < 0:
+            raise ConfigError(f"trainer.eval_every_steps must be an integer >= 0 "
+                              f"(got {self.eval_every_steps!r})")
         if self.nonfinite not in ("stop", "skip"):
             raise ConfigError(f"trainer.nonfinite must be stop or skip (got {self.nonfinite!r})")
 

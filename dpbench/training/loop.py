@@ -151,6 +151,7 @@ class Trainer:
         self.step = 0
         self.epoch = 0
         self.history: list[dict[str, Any]] = []
+        self.step_history: list[dict[str, Any]] = []  # evaluations every eval_every_steps
         self.wall_time_s = 0.0
         self.skipped_steps = 0
 
@@ -227,6 +228,7 @@ class Trainer:
             "model": self.model.state_dict(), "method": self.method.state_dict(),
             "accountant": self.accountant.state_dict() if self.accountant else None,
             "ledger": self.ledger.state_dict(), "history": self.history,
+            "step_history": self.step_history,
             "sampler_generator": self.sampler_generator.get_state(),
             "noise_generator": self.noise_generator.get_state(), "rng": rng_state(),
             "wall_time_s": self.wall_time_s, "skipped_steps": self.skipped_steps,
@@ -244,6 +246,7 @@ class Trainer:
             self.accountant.load_state_dict(state["accountant"])
         self.ledger.load_state_dict(state["ledger"])
         self.history = list(state["history"])
+        self.step_history = list(state.get("step_history", []))
         self.sampler_generator.set_state(state["sampler_generator"])
         self.noise_generator.set_state(state["noise_generator"].to(
             self.noise_generator.get_state().device))
@@ -279,6 +282,10 @@ class Trainer:
                 metrics = self.train_step(batch)
                 for cb in self.callbacks:
                     cb.on_step_end(self, metrics)
+                every = self.settings.eval_every_steps
+                if every and self.step % every == 0:
+                    self.step_history.append({"step": self.step, "epsilon": self.epsilon(),
+                                              **self.evaluate()})
             self.epoch += 1
             self.wall_time_s += time.perf_counter() - start
             last = self.epoch == self.settings.epochs
@@ -316,6 +323,7 @@ class Trainer:
             "dataset_size": len(self.data.train),
             "metrics": metrics,
             "history": self.history,
+            "step_history": self.step_history,
             "privacy_ledger": self.ledger.to_json(),
             "method_summary": self.method.summary(),
             "wall_time_s": self.wall_time_s,

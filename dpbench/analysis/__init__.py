@@ -1,0 +1,1 @@
+"""Analyses over finished runs (results.json records)."""
