@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -61,6 +62,7 @@ def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
     """
     privacy = _typed(PrivacyConfig, cfg.privacy, "privacy")
     trainer_cfg = _typed(TrainerConfig, cfg.trainer, "trainer")
+    torch.manual_seed(int(cfg.seed))  # the model's initialisation depends on the seed alone
     method = build_method(cfg)
     data = get_dataset_builder(cfg.dataset.name)(**_settings(cfg.dataset, "name", "task"))
     if cfg.dataset.get("task") and cfg.dataset.task != data.task:

@@ -10,9 +10,12 @@ from hydra.core.global_hydra import GlobalHydra
 QUIET_CLI = ("logger=none", "trainer.progress=false", "trainer.device=cpu")
 
 
-def run_cli(entry: Callable[[], None], args: list[str], monkeypatch) -> int:
+def run_cli(entry: Callable[[], None], args: list[str], monkeypatch,
+            quiet: tuple[str, ...] = QUIET_CLI) -> int:
     """Return the exit code of ``entry`` run with ``args`` (0 when it returns normally)."""
-    monkeypatch.setattr(sys, "argv", ["dpbench", *QUIET_CLI, *args])
+    flags = [a for a in args if a.startswith("-")]  # e.g. -m: before the overrides
+    overrides = [a for a in args if not a.startswith("-")]
+    monkeypatch.setattr(sys, "argv", ["dpbench", *flags, *quiet, *overrides])
     GlobalHydra.instance().clear()
     try:
         entry()
