@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -19,6 +18,7 @@ from dpbench.methods import get_method
 from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
 from dpbench.training.loop import Callback, Trainer
+from dpbench.utils.seeding import seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,9 @@ def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
 
     ``trainer_cls`` lets the audit run the same loop with canaries (a Trainer subclass).
     """
+    seed_everything(int(cfg.seed))  # model initialisation depends on the seed alone
     privacy = _typed(PrivacyConfig, cfg.privacy, "privacy")
     trainer_cfg = _typed(TrainerConfig, cfg.trainer, "trainer")
-    torch.manual_seed(int(cfg.seed))  # the model's initialisation depends on the seed alone
     method = build_method(cfg)
     data = get_dataset_builder(cfg.dataset.name)(**_settings(cfg.dataset, "name", "task"))
     if cfg.dataset.get("task") and cfg.dataset.task != data.task:

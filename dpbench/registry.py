@@ -62,8 +62,7 @@ class Registry(Generic[T]):
             return
         for ep in entry_points(group=self.entry_point_group):
             obj = ep.load()
-            if ep.name not in self._entries:
-                self.register(ep.name)(obj)
+            self.register(ep.name)(obj)  # a name clash with a built-in is refused
 
     def get(self, name: str) -> T:
         """Return the entry registered as ``name``; the error lists every known name."""

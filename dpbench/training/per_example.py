@@ -67,7 +67,7 @@ class PerExampleGradients:
     def ghost_clipped_sum(
         self, loss_fn: LossFn, batch, factors_fn: Callable[[torch.Tensor], torch.Tensor]
     ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Return (sum_i w_i g_i per parameter, norms, factors, losses) without materialising g_i."""
+        """Return (sum_i w_i g_i per parameter, norms, factors, losses); g_i never built."""
         self._clear()
         losses = loss_fn(self.module, batch)
         losses.sum().backward(retain_graph=True)
@@ -88,8 +88,8 @@ class PerExampleGradients:
 
 def flat_norms(per_example: Sequence[torch.Tensor]) -> torch.Tensor:
     """Return ||g_i||_2 over all parameters for each example."""
-    squares = [g.reshape(g.shape[0], -1).pow(2).sum(dim=1) for g in per_example]
-    return torch.stack(squares, dim=0).sum(dim=0).sqrt()
+    norms = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) for g in per_example]
+    return torch.linalg.vector_norm(torch.stack(norms, dim=0), dim=0)
 
 
 @contextlib.contextmanager

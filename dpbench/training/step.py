@@ -88,7 +88,7 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
                     grads, point_loss = engine.per_example(task.per_example_loss, chunk)
                 loss = point_loss if loss is None else loss
                 if combined is None:
-                    combined = [point.weight * g for g in grads]
+                    combined = grads if point.weight == 1.0 else [point.weight * g for g in grads]
                 else:
                     for c, g in zip(combined, grads):
                         c.add_(g, alpha=point.weight)

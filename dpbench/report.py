@@ -1,0 +1,162 @@
+"""``dpbench-report DIR``: gather every results.json under DIR into tables and a plot.
+
+Prints a method x epsilon table (mean +- std over seeds, markdown) and writes, into DIR:
+``report.md``, ``report.csv`` (the aggregated table), ``report.tex`` (LaTeX), ``runs.csv``
+(one row per run, failed ones with their error) and ``privacy_utility.png``.
+A failed run shows as failed, not missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dpbench.logging.results import RESULTS_NAME
+
+KEY_COLUMNS = ["label", "dataset", "model", "target_epsilon"]
+
+
+def load_runs(root: str | Path) -> pd.DataFrame:
+    """Return one row per results.json under ``root`` (unreadable files become failed rows)."""
+    rows: list[dict[str, Any]] = []
+    for path in sorted(Path(root).rglob(RESULTS_NAME)):
+        try:
+            record = json.loads(path.read_text())
+        except (json.JSONDecodeError, OSError) as err:
+            rows.append({"run_dir": str(path.parent), "status": "failed",
+                         "error": f"unreadable results.json: {err}"})
+            continue
+        row = {k: v for k, v in record.items()
+               if k not in ("config", "history", "metrics", "privacy_ledger", "method_summary")}
+        for k, v in (record.get("metrics") or {}).items():
+            if isinstance(v, (int, float)) or v is None:
+                row[k] = v
+        row["run_dir"] = str(path.parent)
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    for col in ("method_name", "method", "dataset", "model", "target_epsilon", "error",
+                "epsilon", "private"):
+        if col not in frame:
+            frame[col] = None
+    name = frame["method_name"].fillna(frame["method"]).fillna("?")
+    nonpriv = (frame["method"] == "nonprivate") & (name != "nonprivate")
+    frame["label"] = name.where(~nonpriv, name + " (non-private)")
+    return frame
+
+
+def _fmt(values: pd.Series) -> str:
+    values = values.dropna()
+    if values.empty:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values.iloc[0]:.4f}"
+    return f"{values.mean():.4f} ± {values.std(ddof=1):.4f}"
+
+
+def _eps_label(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "eps=n/a"
+    return f"eps={value:g}"
+
+
+def summarise(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Return the method x epsilon table of ``metric`` (mean ± std over seeds; failures noted)."""
+    frame = frame.copy()
+    frame["eps_col"] = frame["target_epsilon"].map(_eps_label)
+    cells = []
+    for (label, dataset, model, eps), group in frame.groupby(
+            ["label", "dataset", "model", "eps_col"], dropna=False):
+        ok = group[group["status"] == "completed"]
+        failed = int((group["status"] == "failed").sum())
+        running = int((~group["status"].isin(["completed", "failed"])).sum())
+        text = _fmt(ok[metric]) if metric in ok and not ok.empty else ""
+        extra = [f"{failed} failed"] * bool(failed) + [f"{running} incomplete"] * bool(running)
+        if extra:
+            text = (text + " " if text else "") + "(" + ", ".join(extra) + ")"
+        cells.append({"method": label, "dataset": dataset, "model": model, "eps": eps,
+                      "cell": text, "n": len(ok)})
+    table = pd.DataFrame(cells)
+    wide = table.pivot_table(index=["method", "dataset", "model"], columns="eps", values="cell",
+                             aggfunc="first")
+    cols = sorted(wide.columns, key=lambda c: (c == "eps=n/a", float(c[4:]) if c[4:] not in (
+        "n/a",) else math.inf))
+    return wide[cols]
+
+
+def plot(frame: pd.DataFrame, metric: str, path: Path) -> None:
+    """Write a privacy-utility plot: metric vs target epsilon, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = frame[(frame["status"] == "completed") & frame[metric].notna()].copy()
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for label, group in ok.groupby("label"):
+        private = group[group["target_epsilon"].notna()]
+        if label == "nonprivate" or (group["method"] == "nonprivate").all():
+            ax.axhline(group[metric].mean(), ls="--", color="gray", label=f"{label}")
+            continue
+        stats = private.groupby("target_epsilon")[metric].agg(["mean", "std"]).reset_index()
+        ax.errorbar(stats["target_epsilon"], stats["mean"], yerr=stats["std"].fillna(0),
+                    marker="o", capsize=3, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("target epsilon")
+    ax.set_ylabel(metric)
+    ax.set_title("privacy-utility")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def build_report(root: str | Path, metric: str = "accuracy") -> tuple[pd.DataFrame, str]:
+    """Write the report files into ``root``; return (runs frame, markdown table)."""
+    root = Path(root)
+    frame = load_runs(root)
+    if frame.empty:
+        raise SystemExit(f"dpbench-report: no {RESULTS_NAME} under {root}")
+    if metric not in frame:
+        frame[metric] = None
+    table = summarise(frame, metric)
+    markdown = table.reset_index().to_markdown(index=False)
+    failures = frame[frame["status"] == "failed"]
+    if not failures.empty:
+        markdown += "\n\nFailed runs:\n" + "\n".join(
+            f"- {r.run_dir}: {r.error}" for r in failures.itertuples())
+    (root / "report.md").write_text(f"# {metric}\n\n{markdown}\n")
+    table.to_csv(root / "report.csv")
+    (root / "report.tex").write_text(table.reset_index().to_latex(index=False))
+    frame.drop(columns=["eps_col"], errors="ignore").to_csv(root / "runs.csv", index=False)
+    plot(frame, metric, root / "privacy_utility.png")
+    return frame, markdown
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="dpbench-report",
+        description="Gather results.json files under DIR into a method x epsilon table "
+                    "(mean ± std over seeds; markdown on stdout; CSV, LaTeX, runs.csv and a "
+                    "privacy-utility PNG written into DIR). Failed runs are listed as failed.")
+    parser.add_argument("dir", help="a sweep directory, e.g. outputs/multirun/<sweep>")
+    parser.add_argument("--metric", default="accuracy",
+                        help="metric from results.json's metrics (default: accuracy)")
+    args = parser.parse_args(argv)
+    _, markdown = build_report(args.dir, args.metric)
+    print(f"{args.metric} (mean ± std over seeds)\n")
+    print(markdown)
+    print(f"\nwritten: {Path(args.dir) / 'report.md'}, report.csv, report.tex, runs.csv, "
+          "privacy_utility.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""The loop: nonprivate equals plain SGD on the same batches; resume equals an unbroken run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from opacus.data_loader import DPDataLoader
+
+from dpbench.experiment import build_trainer
+from dpbench.training.loop import Callback
+from tests.conftest import compose_config, run_config
+
+
+def test_nonprivate_equals_plain_sgd_on_the_same_batches():
+    cfg = compose_config("method=nonprivate", "trainer.epochs=2", "trainer.batch_size=100",
+                         "trainer.checkpoint=false")
+    trainer = build_trainer(cfg, None)
+    torch.manual_seed(int(cfg.seed))
+    ref = __import__("copy").deepcopy(trainer.model)
+    opt = torch.optim.SGD(ref.parameters(), lr=cfg.method.optimizer.lr)
+    loader = DPDataLoader(trainer.data.train, sample_rate=trainer.plan.sample_rate,
+                          generator=torch.Generator().manual_seed(int(cfg.seed)))
+    trainer.fit()
+    for _ in range(2):
+        for x, y in loader:
+            opt.zero_grad()
+            if len(y):
+                torch.nn.functional.cross_entropy(ref(x), y).backward()
+            opt.step()
+    for a, b in zip(trainer.model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert trainer.summary()["epsilon"] == float("inf")
+
+
+class _Crash(Callback):
+    """Simulates a kill in the middle of epoch ``epoch`` (after ``after`` steps of it)."""
+
+    def __init__(self, epoch: int, after: int) -> None:
+        self.epoch, self.after, self.seen = epoch, after, 0
+
+    def on_step_end(self, trainer, metrics):
+        if trainer.epoch == self.epoch - 1:
+            self.seen += 1
+            if self.seen == self.after:
+                raise KeyboardInterrupt("simulated kill")
+
+
+@pytest.mark.parametrize("method", ["dpsgd", "dpadam"])
+def test_resume_after_kill_equals_uninterrupted(tmp_path, method):
+    overrides = [f"method={method}", "trainer.epochs=3"]
+    full = run_config(compose_config(*overrides), tmp_path / "full")
+    crashed_dir = tmp_path / "crashed"
+    trainer = build_trainer(compose_config(*overrides), crashed_dir, [_Crash(epoch=2, after=4)])
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    assert trainer.step > trainer.plan.steps_per_epoch  # killed mid-epoch 2
+    resumed_trainer = build_trainer(compose_config(*overrides, "trainer.resume=true"),
+                                    crashed_dir)
+    resumed = resumed_trainer.fit()
+    assert resumed["epsilon"] == full["epsilon"]
+    assert resumed["steps"] == full["steps"]
+    assert resumed["privacy_ledger"] == full["privacy_ledger"]
+    assert [r["epoch"] for r in resumed["history"]] == [1, 2, 3]
+    assert resumed["metrics"]["accuracy"] == full["metrics"]["accuracy"]
+    full_model = build_trainer(compose_config(*overrides, "trainer.resume=true"),
+                               tmp_path / "full")
+    full_model.maybe_resume()
+    for a, b in zip(resumed_trainer.model.parameters(), full_model.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_resume_refuses_a_checkpoint_from_another_config(tmp_path):
+    from dpbench.errors import ConfigError
+
+    run_config(compose_config("trainer.epochs=1"), tmp_path)
+    other = build_trainer(compose_config("trainer.epochs=1", "privacy=eps8",
+                                         "trainer.resume=true"), tmp_path)
+    with pytest.raises(ConfigError, match="another configuration"):
+        other.fit()
