@@ -72,3 +72,13 @@ def test_audit_cli_rejects_bad_settings_and_leaves_nothing(tmp_path, monkeypatch
     assert code == 2
     assert "audit.guesses_included + audit.guesses_excluded" in capsys.readouterr().err
     assert not run_dir.exists()
+
+
+def test_report_lists_epsilon_lower_next_to_the_claim(tmp_path):
+    from dpbench.logging.results import write_record
+    from dpbench.report import build_report
+
+    cfg = audit_config(*method_overrides("dpsgd"), *SMALL_AUDIT)
+    write_record(tmp_path / "a", run_audit(cfg))
+    _, markdown = build_report(tmp_path)
+    assert "epsilon_lower" in markdown and "| dpsgd" in markdown
