@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from dpbench.config.schema import register_schemas
 from dpbench.errors import DPBenchError
 from dpbench.logging.results import RESULTS_NAME, failed_record, write_record
+from dpbench.utils.io import atomic_write_bytes
 
 log = logging.getLogger("dpbench")
 CONF_DIR = os.environ.get("DPBENCH_CONFIG_DIR",
@@ -114,7 +115,7 @@ def run_job(cfg: DictConfig) -> dict | None:
         _remove_if_fresh(run_dir, existed_before)
         sys.exit(2)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    atomic_write_bytes(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True).encode())
     handler = logging.FileHandler(run_dir / "run.log")
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s"))
     logging.getLogger().addHandler(handler)

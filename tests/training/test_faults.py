@@ -179,3 +179,7 @@ def test_a_failing_sweep_job_does_not_stop_the_others(tmp_path, monkeypatch):
         for device in ("cpu", "cuda:99"):
             bad = records[(5000, lr, device)]
             assert bad["status"] == "failed" and "trainer.batch_size must be <= N" in bad["error"]
+    from dpbench.report import build_report
+
+    _, markdown = build_report(sweep)  # the report lists the failures with their errors
+    assert markdown.count("\n- ") == 7 and "TrainingDiverged" in markdown
