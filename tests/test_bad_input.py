@@ -57,10 +57,10 @@ ROWS = [
 ]
 
 
-def _run(monkeypatch, tmp_path, overrides, capsys):
+def _run(monkeypatch, tmp_path, overrides, capfd):
     run_dir = tmp_path / "run"
     code = run_cli(_hydra_entry, [*BASE, *overrides, f"hydra.run.dir={run_dir}"], monkeypatch)
-    captured = capsys.readouterr()
+    captured = capfd.readouterr()
     return code, captured.err + captured.out, run_dir
 
 
@@ -72,34 +72,34 @@ def _assert_rejected(code, output, run_dir, expected_code, message):
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
-def test_bad_input_is_rejected_before_training(row, monkeypatch, tmp_path, capsys):
+def test_bad_input_is_rejected_before_training(row, monkeypatch, tmp_path, capfd):
     _, overrides, expected_code, message = row
-    code, output, run_dir = _run(monkeypatch, tmp_path, overrides, capsys)
+    code, output, run_dir = _run(monkeypatch, tmp_path, overrides, capfd)
     _assert_rejected(code, output, run_dir, expected_code, message)
 
 
-def test_adaptive_clipping_needs_sigma_below_twice_sigma_b(monkeypatch, tmp_path, capsys):
+def test_adaptive_clipping_needs_sigma_below_twice_sigma_b(monkeypatch, tmp_path, capfd):
     if "adaclip" not in method_names():
         pytest.skip("adaclip is not registered in this checkout")
     code, output, run_dir = _run(monkeypatch, tmp_path,
-                                 ["method=adaclip", "method.settings.sigma_b=0.1"], capsys)
+                                 ["method=adaclip", "method.settings.sigma_b=0.1"], capfd)
     _assert_rejected(code, output, run_dir, DPBENCH, "sigma < 2 sigma_b")
 
 
-def test_method_on_a_task_it_does_not_support(monkeypatch, tmp_path, capsys):
+def test_method_on_a_task_it_does_not_support(monkeypatch, tmp_path, capfd):
     class TimeSeriesOnly(DPMethod):
         name = "timeseries_only"
         tasks = frozenset({"timeseries"})
 
     monkeypatch.setitem(METHODS._entries, "timeseries_only", TimeSeriesOnly)
     code, output, run_dir = _run(monkeypatch, tmp_path,
-                                 ["method=plugin", "method.name=timeseries_only"], capsys)
+                                 ["method=plugin", "method.name=timeseries_only"], capfd)
     _assert_rejected(code, output, run_dir, DPBENCH,
                      "method 'timeseries_only' does not support the 'classification' task")
 
 
 @pytest.mark.parametrize("damage", ["truncated", "corrupt"])
-def test_corrupt_or_truncated_data_file(damage, shared_data, monkeypatch, tmp_path, capsys):
+def test_corrupt_or_truncated_data_file(damage, shared_data, monkeypatch, tmp_path, capfd):
     root = tmp_path / "data"
     (root / "mnist").mkdir(parents=True)
     images = shared_data / "mnist" / "t10k-images-idx3-ubyte.gz"
@@ -111,7 +111,7 @@ def test_corrupt_or_truncated_data_file(damage, shared_data, monkeypatch, tmp_pa
     else:
         target.write_bytes(gzip.compress(b"\x00\x00\x08\x03 not an idx file"))
     code, output, run_dir = _run(monkeypatch, tmp_path, [
-        "dataset=mnist", f"paths.data_root={root}", "dataset.download=false"], capsys)
+        "dataset=mnist", f"paths.data_root={root}", "dataset.download=false"], capfd)
     _assert_rejected(code, output, run_dir, DPBENCH, "is corrupt or truncated")
     assert str(target) in output
 
@@ -121,7 +121,7 @@ def _snapshot(run_dir: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("finished", [False, True], ids=["interrupted", "completed"])
-def test_checkpoint_from_another_config_on_resume(finished, monkeypatch, tmp_path, capsys):
+def test_checkpoint_from_another_config_on_resume(finished, monkeypatch, tmp_path, capfd):
     """A run dir written by one config refuses a resume under another, and stays untouched."""
     run_dir = tmp_path / "run"
     assert run_cli(_hydra_entry, [*BASE, "trainer.epochs=2", f"hydra.run.dir={run_dir}"],
@@ -133,11 +133,11 @@ def test_checkpoint_from_another_config_on_resume(finished, monkeypatch, tmp_pat
         record["status"] = "running"
         (run_dir / "results.json").write_text(json.dumps(record))
     before = _snapshot(run_dir)
-    capsys.readouterr()
+    capfd.readouterr()
     code = run_cli(_hydra_entry, [*BASE, "trainer.epochs=2", "method.optimizer.lr=0.1",
                                   "trainer.resume=true", f"hydra.run.dir={run_dir}"],
                    monkeypatch)
-    output = capsys.readouterr().err
+    output = capfd.readouterr().err
     assert code == DPBENCH, output
     assert "written by another configuration" in output
     assert _snapshot(run_dir) == before

@@ -53,7 +53,7 @@ def test_audit_honest_twin_of_the_broken_run_stays_below(tmp_path):
     assert record["epsilon_lower"] <= record["epsilon_claimed"]
 
 
-def test_audit_cli_writes_results_and_prints_the_row(tmp_path, monkeypatch, capsys):
+def test_audit_cli_writes_results_and_prints_the_row(tmp_path, monkeypatch, capfd):
     run_dir = tmp_path / "audit"
     code = run_cli(_hydra_entry, [*method_overrides("dpsgd"), *SMALL_AUDIT,
                                   f"hydra.run.dir={run_dir}"], monkeypatch)
@@ -61,16 +61,16 @@ def test_audit_cli_writes_results_and_prints_the_row(tmp_path, monkeypatch, caps
     record = json.loads((run_dir / "results.json").read_text())
     assert record["status"] == "completed" and record["kind"] == "audit"
     assert record["epsilon_lower"] <= record["epsilon_claimed"]
-    assert "| dpsgd | digits |" in capsys.readouterr().out
+    assert "| dpsgd | digits |" in capfd.readouterr().out
 
 
-def test_audit_cli_rejects_bad_settings_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+def test_audit_cli_rejects_bad_settings_and_leaves_nothing(tmp_path, monkeypatch, capfd):
     run_dir = tmp_path / "audit"
     code = run_cli(_hydra_entry, [*method_overrides("dpsgd"), "audit.canaries=10",
                                   "audit.guesses_included=8", "audit.guesses_excluded=8",
                                   f"hydra.run.dir={run_dir}"], monkeypatch)
     assert code == 2
-    assert "audit.guesses_included + audit.guesses_excluded" in capsys.readouterr().err
+    assert "audit.guesses_included + audit.guesses_excluded" in capfd.readouterr().err
     assert not run_dir.exists()
 
 

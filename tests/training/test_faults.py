@@ -106,12 +106,12 @@ def test_nan_skip_skips_the_update_but_accounts_the_step(tmp_path):
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
 
 
-def test_nan_through_the_cli_exits_1_with_a_failed_record(tmp_path, monkeypatch, capsys):
+def test_nan_through_the_cli_exits_1_with_a_failed_record(tmp_path, monkeypatch, capfd):
     run_dir = tmp_path / "run"
     code = run_cli(_hydra_entry, [*RUN, "trainer.epochs=1", "method.optimizer.lr=nan",
                                   f"hydra.run.dir={run_dir}"], monkeypatch)
     assert code == 1
-    assert "non-finite loss or gradient" in capsys.readouterr().err
+    assert "non-finite loss or gradient" in capfd.readouterr().err
     record = json.loads((run_dir / "results.json").read_text())
     assert record["status"] == "failed" and record["error"].startswith("TrainingDiverged")
 
