@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from dpbench.config.schema import register_schemas
 from dpbench.errors import DPBenchError
 from dpbench.logging.results import RESULTS_NAME, failed_record, write_record
+from dpbench.utils.io import atomic_write_bytes
 
 log = logging.getLogger("dpbench")
 CONF_DIR = os.environ.get("DPBENCH_CONFIG_DIR",
@@ -67,6 +68,25 @@ def _report_error(cfg: DictConfig, run_dir: Path, err: BaseException, stage: str
         write_record(run_dir, failed_record(cfg, err, stage))
 
 
+def _completed_record(cfg: DictConfig, results: Path) -> dict | None:
+    """Return the run dir's completed record if it was written by this very config.
+
+    Raise ConfigError if another config wrote it (resuming would hand back its results).
+    """
+    import json
+
+    from dpbench.errors import ConfigError
+    from dpbench.experiment import fingerprint
+
+    record = json.loads(results.read_text())
+    if record.get("status") != "completed":
+        return None
+    if fingerprint(OmegaConf.create(record.get("config") or {})) != fingerprint(cfg):
+        raise ConfigError(f"{results} was written by another configuration; resume with the "
+                          "same settings or use a new hydra.run.dir")
+    return record
+
+
 def run_job(cfg: DictConfig) -> dict | None:
     """Validate, train and record one job of a run or sweep."""
     hc = HydraConfig.get()
@@ -76,24 +96,28 @@ def run_job(cfg: DictConfig) -> dict | None:
     from dpbench.experiment import build_trainer
 
     results = run_dir / RESULTS_NAME
-    if cfg.trainer.get("resume") and results.exists():
-        import json
-
-        record = json.loads(results.read_text())
-        if record.get("status") == "completed":
-            print(f"dpbench: {run_dir} already completed; epsilon {record['epsilon']}")
-            return record
+    # in a sweep every failure is recorded and the other jobs go on
+    expected = Exception if multirun else (DPBenchError, TypeError, ValueError, ImportError,
+                                           OSError)
     try:
+        if cfg.trainer.get("resume") and results.exists():
+            record = _completed_record(cfg, results)
+            if record is not None:
+                print(f"dpbench: {run_dir} already completed; epsilon {record['epsilon']}")
+                return record
         callbacks = _callbacks(cfg, run_dir, multirun)
         trainer = build_trainer(cfg, run_dir, callbacks)
-    except (DPBenchError, TypeError, ValueError, ImportError, OSError) as err:
-        _report_error(cfg, run_dir, err, "setup", multirun, keep_record=False)
+        trainer.maybe_resume()  # a checkpoint of another config fails here, writing nothing
+    except expected as err:
+        # a failed record never replaces the record of an earlier run in the same dir
+        _report_error(cfg, run_dir, err, "setup", multirun and not existed_before,
+                      keep_record=False)
         if multirun:
             return None
         _remove_if_fresh(run_dir, existed_before)
         sys.exit(2)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    atomic_write_bytes(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True).encode())
     handler = logging.FileHandler(run_dir / "run.log")
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s"))
     logging.getLogger().addHandler(handler)

@@ -54,8 +54,12 @@ def build_method(cfg: DictConfig):
 
 
 def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
-                  callbacks: list[Callback] | None = None) -> Trainer:
-    """Validate every setting, load data and model, calibrate noise; train nothing yet."""
+                  callbacks: list[Callback] | None = None,
+                  trainer_cls: type[Trainer] = Trainer) -> Trainer:
+    """Validate every setting, load data and model, calibrate noise; train nothing yet.
+
+    ``trainer_cls`` lets the audit run the same loop with canaries (a Trainer subclass).
+    """
     seed_everything(int(cfg.seed))  # model initialisation depends on the seed alone
     privacy = _typed(PrivacyConfig, cfg.privacy, "privacy")
     trainer_cfg = _typed(TrainerConfig, cfg.trainer, "trainer")
@@ -68,6 +72,6 @@ def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
         data.input_shape, data.num_classes, **_settings(cfg.model, "name"),
         **({"data": data} if cfg.model.get("needs_data") else {}))
     task = get_task(data.task)(data, **_settings(cfg.get("task")))
-    return Trainer(method=method, model=model, task=task, data=data, privacy=privacy,
-                   trainer=trainer_cfg, seed=int(cfg.seed), run_dir=run_dir,
-                   callbacks=callbacks, fingerprint=fingerprint(cfg))
+    return trainer_cls(method=method, model=model, task=task, data=data, privacy=privacy,
+                       trainer=trainer_cfg, seed=int(cfg.seed), run_dir=run_dir,
+                       callbacks=callbacks, fingerprint=fingerprint(cfg))

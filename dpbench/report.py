@@ -118,6 +118,16 @@ def plot(frame: pd.DataFrame, metric: str, path: Path) -> None:
     plt.close(fig)
 
 
+def audit_summary(frame: pd.DataFrame) -> pd.DataFrame | None:
+    """Return epsilon_claimed vs epsilon_lower per method (``dpbench-audit`` runs), or None."""
+    if "epsilon_lower" not in frame or not frame["epsilon_lower"].notna().any():
+        return None
+    audited = frame[frame["epsilon_lower"].notna()]
+    return audited.groupby(["label", "dataset", "model"], dropna=False).agg(
+        epsilon_claimed=("epsilon_claimed", _fmt), epsilon_lower=("epsilon_lower", _fmt),
+        runs=("epsilon_lower", "size"))
+
+
 def build_report(root: str | Path, metric: str = "accuracy") -> tuple[pd.DataFrame, str]:
     """Write the report files into ``root``; return (runs frame, markdown table)."""
     root = Path(root)
@@ -128,6 +138,10 @@ def build_report(root: str | Path, metric: str = "accuracy") -> tuple[pd.DataFra
         frame[metric] = None
     table = summarise(frame, metric)
     markdown = table.reset_index().to_markdown(index=False)
+    audit = audit_summary(frame)
+    if audit is not None:
+        markdown += ("\n\nEmpirical audit (epsilon_lower must not exceed epsilon_claimed):\n\n"
+                     + audit.reset_index().to_markdown(index=False))
     failures = frame[frame["status"] == "failed"]
     if not failures.empty:
         markdown += "\n\nFailed runs:\n" + "\n".join(

@@ -154,6 +154,7 @@ class Trainer:
         self.step_history: list[dict[str, Any]] = []  # evaluations every eval_every_steps
         self.wall_time_s = 0.0
         self.skipped_steps = 0
+        self._resume_checked = self._resumed = False
 
     # ---- privacy -------------------------------------------------------------------------
     def epsilon(self) -> float:
@@ -260,6 +261,9 @@ class Trainer:
 
     def maybe_resume(self) -> bool:
         """Load the run dir's checkpoint when ``trainer.resume``; return whether one was found."""
+        if self._resume_checked:  # the CLI resumes at setup, before fit
+            return self._resumed
+        self._resume_checked = True
         if not self.settings.resume or self.checkpoint_path is None:
             return False
         state = load_checkpoint(self.checkpoint_path)
@@ -267,6 +271,7 @@ class Trainer:
             log.info("trainer.resume: no checkpoint in %s; starting fresh", self.run_dir)
             return False
         self.load_state_dict(state)
+        self._resumed = True
         log.info("resumed from epoch %d (step %d)", self.epoch, self.step)
         return True
 

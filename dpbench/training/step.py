@@ -42,9 +42,27 @@ def _check_bound(name: str, contributions: torch.Tensor, bound: float) -> None:
             f"accountant assumes a sensitivity of {bound:.6g}; refusing to release")
 
 
-def private_release(method: DPMethod, engine: PerExampleGradients, task: Task, batch,
-                    ctx: StepContext, sigma: float, max_physical: int | None) -> Release:
-    """Return the noisy mean gradient and extra queries of one logical step."""
+@dataclass
+class Aggregate:
+    """The pre-noise sums of one logical step (what the Gaussian noise is added to)."""
+
+    sums: list[torch.Tensor]
+    extra_sums: dict[str, torch.Tensor]
+    extra_specs: dict[str, ExtraQuery]
+    queries: list[Query]
+    realised_batch: int
+    losses: torch.Tensor
+    norms: torch.Tensor
+    factors: torch.Tensor
+
+
+def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task, batch,
+                      ctx: StepContext, sigma: float, max_physical: int | None) -> Aggregate:
+    """Return sum_i w_i u_i and the extra queries' sums, checked against their sensitivity.
+
+    Stages 3-5 and the pre-noise half of stage 6; ``private_release`` adds the noise. Tests
+    call this on neighbouring batches to check the sensitivity the accountant assumes.
+    """
     params = engine.params
     points = method.evaluation_points(ctx)
     sensitivity = method.sensitivity(ctx)
@@ -94,6 +112,18 @@ def private_release(method: DPMethod, engine: PerExampleGradients, task: Task, b
         extra_specs = {q.name: q for q in method.extra_queries(
             torch.zeros(0, device=sums[0].device), ctx)}
     queries = gradient_queries(method, ctx, sigma, list(extra_specs.values()))
+    return Aggregate(
+        sums=sums, extra_sums=extra_sums, extra_specs=extra_specs, queries=queries,
+        realised_batch=n, losses=torch.cat(losses) if losses else torch.zeros(0),
+        norms=torch.cat(norms_all) if norms_all else torch.zeros(0),
+        factors=torch.cat(factors_all) if factors_all else torch.zeros(0))
+
+
+def private_release(method: DPMethod, engine: PerExampleGradients, task: Task, batch,
+                    ctx: StepContext, sigma: float, max_physical: int | None) -> Release:
+    """Return the noisy mean gradient and extra queries of one logical step."""
+    agg = clipped_aggregate(method, engine, task, batch, ctx, sigma, max_physical)
+    sums, extra_sums, extra_specs, queries = agg.sums, agg.extra_sums, agg.extra_specs, agg.queries
     grad_std = queries[0].noise_std
     released = []
     for s in sums:
@@ -107,12 +137,11 @@ def private_release(method: DPMethod, engine: PerExampleGradients, task: Task, b
         noise = torch.normal(0.0, q.noise_std, size=(), device=value.device,
                              generator=ctx.generator)
         noisy_extras[name] = value + noise
-    norms_cat = torch.cat(norms_all) if norms_all else torch.zeros(0)
-    factors_cat = torch.cat(factors_all) if factors_all else torch.zeros(0)
+    n = agg.realised_batch
     return Release(
         grads=released, queries=queries, noisy_extras=noisy_extras, realised_batch=n,
-        losses=torch.cat(losses) if losses else torch.zeros(0), norms=norms_cat,
-        clipped_fraction=float((factors_cat < 1).float().mean()) if n else 0.0,
+        losses=agg.losses, norms=agg.norms,
+        clipped_fraction=float((agg.factors < 1).float().mean()) if n else 0.0,
     )
 
 

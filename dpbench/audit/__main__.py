@@ -1,0 +1,3 @@
+from dpbench.audit.cli import main
+
+main()

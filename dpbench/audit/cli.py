@@ -1,0 +1,84 @@
+"""``dpbench-audit``: train once with gradient canaries; epsilon_lower vs epsilon_claimed.
+
+Config-driven like ``dpbench`` (``conf/audit.yaml`` = ``conf/config.yaml`` + ``conf/audit``):
+``dpbench-audit method=dpsgd privacy=eps1 audit.canaries=1000``, sweeps with ``-m``. The run
+writes ``results.json`` (status ``completed``, ``epsilon_claimed``, ``epsilon_lower`` and the
+``audit`` block) and prints one table row. Bad settings exit 2 and leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from dpbench.audit.canaries import AuditSettings, AuditTrainer
+from dpbench.cli import CONF_DIR, _remove_if_fresh
+from dpbench.errors import ConfigError, DPBenchError
+from dpbench.logging.results import run_record, write_record
+
+HEADER = "| method | dataset | epsilon_claimed | epsilon_lower | correct / guesses | canaries |"
+
+
+def audit_settings(cfg: DictConfig) -> AuditSettings:
+    node = OmegaConf.to_container(cfg.get("audit") or {}, resolve=True)
+    try:
+        return AuditSettings(**node)
+    except TypeError as err:
+        raise ConfigError(f"audit: {err}") from err
+
+
+def run_audit(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
+    """Validate, train with canaries, and (if ``run_dir``) write results.json; return it."""
+    from dpbench.experiment import build_trainer
+
+    settings = audit_settings(cfg)
+    trainer = build_trainer(cfg, None, trainer_cls=functools.partial(AuditTrainer,
+                                                                     audit=settings))
+    summary = trainer.run_audit()
+    record = {**run_record(cfg, summary, "completed"), "kind": "audit"}
+    if run_dir is not None:
+        write_record(run_dir, record)
+    return record
+
+
+def table_row(record: dict[str, Any]) -> str:
+    a = record["audit"]
+    claimed = record["epsilon_claimed"]
+    return (f"| {record['method']} | {record['dataset']} | "
+            f"{claimed if math.isinf(claimed) else round(claimed, 3)} | "
+            f"{round(a['epsilon_lower'], 3)} | {a['correct']} / {a['guesses']} | "
+            f"{a['canaries']} |")
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="audit")
+def _hydra_entry(cfg: DictConfig) -> None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    existed = run_dir.exists() and any(run_dir.iterdir())  # Hydra creates it empty
+    try:
+        record = run_audit(cfg, run_dir)
+    except (DPBenchError, TypeError, ValueError, ImportError, OSError) as err:
+        message = str(err) if isinstance(err, DPBenchError) else f"{type(err).__name__}: {err}"
+        print(f"dpbench-audit: error: {message}", file=sys.stderr)
+        _remove_if_fresh(run_dir, existed)
+        sys.exit(2)
+    print(HEADER)
+    print(table_row(record))
+    if record["epsilon_lower"] > record["epsilon_claimed"]:
+        print("dpbench-audit: WARNING epsilon_lower exceeds the claimed epsilon: the mechanism "
+              "that ran is less private than accounted", file=sys.stderr)
+
+
+def main() -> None:
+    """Console script ``dpbench-audit`` (and ``python -m dpbench.audit``)."""
+    _hydra_entry()
+
+
+if __name__ == "__main__":
+    main()

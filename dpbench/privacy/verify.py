@@ -1,0 +1,54 @@
+"""Recompute epsilon from a run's privacy ledger with an independent accountant.
+
+dpbench accounts with Opacus; this module re-derives epsilon from ``results.json``'s
+``privacy_ledger`` with Google's ``dp-accounting`` privacy-loss-distribution (PLD) accountant
+(Koskela et al. 2020; Doroshenko et al. 2022), so a mis-recorded mechanism or an
+under-reporting accountant shows up as a mismatch. Each ledger entry is ``steps`` Poisson-
+subsampled Gaussian mechanisms at rate q whose queries compose into one Gaussian with
+multiplier (sum_k sigma_k^-2)^(-1/2) (ledger.py), recomputed here from the per-query
+sensitivity and noise std rather than read from the entry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def ledger_noise_multiplier(entry: Mapping[str, Any]) -> float:
+    """Return (sum_k (noise_std_k / sensitivity_k)^-2)^(-1/2) from an entry's raw queries."""
+    inv = 0.0
+    for q in entry["queries"]:
+        if q["sensitivity"] <= 0:
+            continue  # a query of sensitivity 0 reveals nothing
+        if q["noise_std"] <= 0:
+            return 0.0
+        inv += (q["sensitivity"] / q["noise_std"]) ** 2
+    return inv**-0.5 if inv > 0 else math.inf
+
+
+def pld_epsilon(ledger: Iterable[Mapping[str, Any]], delta: float,
+                discretization: float = 1e-4) -> float:
+    """Return epsilon at ``delta`` of the ledger's mechanisms by dp-accounting's PLD accountant."""
+    try:
+        from dp_accounting import dp_event
+        from dp_accounting.pld import pld_privacy_accountant
+    except ImportError as err:  # dev extra
+        raise ImportError("the ledger check needs dp-accounting: pip install "
+                          "'dpbench[dev]'") from err
+    accountant = pld_privacy_accountant.PLDAccountant(
+        value_discretization_interval=discretization)
+    any_step = False
+    for entry in ledger:
+        sigma = ledger_noise_multiplier(entry)
+        if entry["steps"] <= 0 or math.isinf(sigma):
+            continue
+        if sigma == 0.0:
+            return math.inf
+        event = dp_event.PoissonSampledDpEvent(
+            sampling_probability=float(entry["sample_rate"]),
+            event=dp_event.GaussianDpEvent(noise_multiplier=sigma))
+        accountant.compose(event, count=int(entry["steps"]))
+        any_step = True
+    return float(accountant.get_epsilon(delta)) if any_step else 0.0

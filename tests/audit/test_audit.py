@@ -1,0 +1,84 @@
+"""``dpbench-audit``: epsilon_lower <= claimed for every method; a broken mechanism is caught."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from dpbench.audit.cli import _hydra_entry, run_audit
+from dpbench.cli import CONF_DIR
+from dpbench.errors import ConfigError
+from tests.cli_helpers import QUIET_CLI, run_cli
+from tests.method_matrix import all_methods, is_private, method_overrides
+
+SMALL_AUDIT = ("audit.canaries=200", "audit.guesses_included=20", "audit.guesses_excluded=20")
+
+
+def audit_config(*overrides: str):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("audit", overrides=[*QUIET_CLI, *overrides])
+
+
+@pytest.mark.parametrize("name", all_methods())
+def test_audit_lower_bound_does_not_exceed_the_claim(name):
+    cfg = audit_config(*method_overrides(name), *SMALL_AUDIT)
+    if not is_private(name):
+        with pytest.raises(ConfigError, match="nothing to audit"):
+            run_audit(cfg)
+        return
+    record = run_audit(cfg)
+    assert record["audit"]["guesses"] == 40
+    assert 0 <= record["epsilon_lower"] <= record["epsilon_claimed"]
+    assert record["epsilon_claimed"] == record["epsilon"] <= 3.0 * 1.01
+
+
+@pytest.mark.parametrize("broken", ["noise", "clipping"])
+def test_audit_detects_a_broken_mechanism(broken):
+    """Noise or clipping off while the accountant still claims epsilon ~1: detected."""
+    cfg = audit_config(*method_overrides("dpsgd"), "privacy=eps1", "trainer.epochs=2",
+                       "audit.canaries=200", "audit.guesses_included=40",
+                       "audit.guesses_excluded=0", f"audit.break_mechanism={broken}")
+    record = run_audit(cfg)
+    assert record["epsilon_claimed"] == pytest.approx(1.0, rel=0.02)
+    assert record["epsilon_lower"] > record["epsilon_claimed"]
+
+
+def test_audit_honest_twin_of_the_broken_run_stays_below(tmp_path):
+    cfg = audit_config(*method_overrides("dpsgd"), "privacy=eps1", "trainer.epochs=2",
+                       "audit.canaries=200", "audit.guesses_included=40",
+                       "audit.guesses_excluded=0")
+    record = run_audit(cfg)
+    assert record["epsilon_lower"] <= record["epsilon_claimed"]
+
+
+def test_audit_cli_writes_results_and_prints_the_row(tmp_path, monkeypatch, capfd):
+    run_dir = tmp_path / "audit"
+    code = run_cli(_hydra_entry, [*method_overrides("dpsgd"), *SMALL_AUDIT,
+                                  f"hydra.run.dir={run_dir}"], monkeypatch)
+    assert code == 0
+    record = json.loads((run_dir / "results.json").read_text())
+    assert record["status"] == "completed" and record["kind"] == "audit"
+    assert record["epsilon_lower"] <= record["epsilon_claimed"]
+    assert "| dpsgd | digits |" in capfd.readouterr().out
+
+
+def test_audit_cli_rejects_bad_settings_and_leaves_nothing(tmp_path, monkeypatch, capfd):
+    run_dir = tmp_path / "audit"
+    code = run_cli(_hydra_entry, [*method_overrides("dpsgd"), "audit.canaries=10",
+                                  "audit.guesses_included=8", "audit.guesses_excluded=8",
+                                  f"hydra.run.dir={run_dir}"], monkeypatch)
+    assert code == 2
+    assert "audit.guesses_included + audit.guesses_excluded" in capfd.readouterr().err
+    assert not run_dir.exists()
+
+
+def test_report_lists_epsilon_lower_next_to_the_claim(tmp_path):
+    from dpbench.logging.results import write_record
+    from dpbench.report import build_report
+
+    cfg = audit_config(*method_overrides("dpsgd"), *SMALL_AUDIT)
+    write_record(tmp_path / "a", run_audit(cfg))
+    _, markdown = build_report(tmp_path)
+    assert "epsilon_lower" in markdown and "| dpsgd" in markdown

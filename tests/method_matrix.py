@@ -1,0 +1,61 @@
+"""The per-method tiny test configurations every privacy and fault test is parametrised over.
+
+``METHOD_TEST_CONFIGS`` maps each registered method to the Hydra overrides of a run that takes
+seconds on a CPU. Every entry starts from ``TINY`` (scikit-learn digits, an MLP, one epoch);
+a method whose ``tasks`` exclude classification lists its task's tiny data set and model
+here. A registered method missing from this table FAILS ``method_overrides`` (and the
+coverage test), so a new method cannot land without privacy tests: add one line here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dpbench.cli import CONF_DIR
+from dpbench.methods import get_method, method_names
+
+#: shared by every entry: real data, no data root, one epoch, no checkpoint, quiet
+TINY: tuple[str, ...] = ("dataset=digits", "model=mlp", "model.hidden=16", "privacy=eps3",
+                         "trainer.epochs=1", "trainer.batch_size=64", "trainer.checkpoint=false",
+                         "seed=0")
+
+#: method -> extra overrides (after TINY); the lead extends this at each merge
+METHOD_TEST_CONFIGS: dict[str, tuple[str, ...]] = {
+    "dpsgd": (),
+    "dpadam": (),
+    "dpadamw": (),
+    "nonprivate": ("privacy=nonprivate",),
+    "adaclip": (),
+    "bounded_adaclip": (),
+    "autoclip": (),
+    "dpadam_bc": (),
+    "disk": (),
+    "fiber": (),
+    "dp_ivon": (),
+}
+
+
+def all_methods() -> list[str]:
+    """Return every registered method name (built-ins and entry-point plugins)."""
+    return method_names()
+
+
+def method_overrides(name: str) -> list[str]:
+    """Return the overrides of ``name``'s tiny run; fail (not skip) if it has none."""
+    if name not in METHOD_TEST_CONFIGS:
+        pytest.fail(
+            f"method {name!r} is registered but has no tiny test config: add it to "
+            "METHOD_TEST_CONFIGS in tests/method_matrix.py (default: an empty tuple runs it "
+            "on digits/mlp for one epoch; methods for other tasks name their tiny data set)",
+            pytrace=False)
+    if (Path(CONF_DIR) / "method" / f"{name}.yaml").is_file():
+        chosen = [f"method={name}"]
+    else:  # an entry-point plugin without a YAML file in conf/
+        chosen = ["method=plugin", f"method.name={name}"]
+    return [*TINY, *chosen, *METHOD_TEST_CONFIGS[name]]
+
+
+def is_private(name: str) -> bool:
+    return bool(get_method(name).private)

@@ -1,0 +1,62 @@
+"""Every method's reported epsilon against dp-accounting's PLD recomputed from its ledger."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dpbench.privacy.verify import ledger_noise_multiplier, pld_epsilon
+from tests.conftest import compose_config, run_config
+from tests.method_matrix import all_methods, is_private, method_overrides
+
+#: PRV (Opacus) and PLD (dp-accounting) are both upper bounds discretised differently; the
+#: reported epsilon may sit this much below PLD's before we call it under-reported
+UNDER_TOLERANCE = 0.01
+#: and no more than this factor above it (RDP, the fallback, is looser than PLD)
+OVER_FACTOR = {"prv": 1.05, "gdp": 1.5, "rdp": 1.5}
+
+
+def check_ledger(summary: dict) -> float:
+    """Assert the ledger matches the run and its epsilon; return the PLD epsilon."""
+    ledger = summary["privacy_ledger"]
+    assert sum(e["steps"] for e in ledger) == summary["steps"]
+    for entry in ledger:
+        assert entry["sample_rate"] == pytest.approx(summary["sample_rate"], rel=1e-12)
+        sigma = ledger_noise_multiplier(entry)
+        assert sigma == pytest.approx(entry["noise_multiplier"], rel=1e-9)
+        assert sigma >= summary["noise_multiplier"] * (1 - 1e-9)  # never less noise than planned
+    eps_pld = pld_epsilon(ledger, summary["delta"])
+    eps = summary["epsilon"]
+    assert eps >= eps_pld * (1 - UNDER_TOLERANCE), f"under-reported: {eps} < PLD {eps_pld}"
+    assert eps <= eps_pld * OVER_FACTOR[summary["accountant"]] + 0.02, \
+        f"epsilon {eps} far above PLD {eps_pld}"
+    return eps_pld
+
+
+@pytest.mark.parametrize("name", all_methods())
+def test_reported_epsilon_matches_independent_pld(name, tmp_path):
+    summary = run_config(compose_config(*method_overrides(name)), tmp_path)
+    if not is_private(name):
+        assert math.isinf(summary["epsilon"]) and summary["privacy_ledger"] == []
+        return
+    eps_pld = check_ledger(summary)
+    assert summary["epsilon"] <= summary["target_epsilon"] * 1.01 + 1e-9
+    assert eps_pld <= summary["target_epsilon"] * 1.02
+
+
+def test_ledger_check_catches_a_missing_step(tmp_path):
+    """Negative control: a ledger that hides one step's release fails the check."""
+    summary = run_config(compose_config(*method_overrides("dpsgd")), tmp_path)
+    summary["privacy_ledger"][0]["steps"] -= 1
+    with pytest.raises(AssertionError):
+        check_ledger(summary)
+
+
+def test_ledger_check_catches_an_understated_noise(tmp_path):
+    """Negative control: an accountant told a larger sigma than was released under-reports."""
+    summary = run_config(compose_config(*method_overrides("dpsgd")), tmp_path)
+    for q in summary["privacy_ledger"][0]["queries"]:
+        q["noise_std"] *= 0.5  # what was really released: half the noise
+    with pytest.raises(AssertionError):
+        check_ledger(summary)
