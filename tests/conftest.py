@@ -8,6 +8,20 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+try:
+    # absl (under dp-accounting) makes a log handler bound to the sys.stderr of the moment; when
+    # Hydra's logging config later shuts all handlers down, absl closes that stream unless it is
+    # the *current* sys.stderr, i.e. it closes pytest's capture file ("lost sys.stderr"). Bind it
+    # to the real stderr, which absl never closes.
+    import sys as _sys
+
+    import dp_accounting  # noqa: F401
+    from absl import logging as _absl_logging
+
+    _absl_logging.get_absl_handler().python_handler.stream = _sys.__stderr__
+except ImportError:  # the dev extra is absent
+    pass
+
 from dpbench.cli import CONF_DIR
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,13 +15,24 @@ import pytest
 
 from dpbench.cli import CONF_DIR
 from dpbench.methods import get_method, method_names
+from tests.conftest import SHARED_DATA
 
 #: shared by every entry: real data, no data root, one epoch, no checkpoint, quiet
 TINY: tuple[str, ...] = ("dataset=digits", "model=mlp", "model.hidden=16", "privacy=eps3",
                          "trainer.epochs=1", "trainer.batch_size=64", "trainer.checkpoint=false",
                          "seed=0")
 
-#: method -> extra overrides (after TINY); the lead extends this at each merge
+#: tiny SST-2 run of the packaged MiniLM with LoRA (offline; shared/data holds SST-2)
+TEXT = ("dataset=sst2", f"paths.data_root={SHARED_DATA}", "model=minilm_lora",
+        "dataset.train_size=48", "dataset.test_size=16", "dataset.max_length=12",
+        "trainer.batch_size=16")
+#: tiny ETTh1 imputation run of the AdaLN-Zero diffusion transformer
+TIME_SERIES = ("dataset=etth1", f"paths.data_root={SHARED_DATA}", "dataset.window=8",
+               "dataset.max_train_windows=256", "dataset.max_test_windows=16", "model=dit",
+               "model.hidden=8", "model.depth=1", "trainer.batch_size=32",
+               "+task.diffusion_steps=8", "+task.num_samples=3")
+
+#: method -> extra overrides (after TINY); a new method adds its line here
 METHOD_TEST_CONFIGS: dict[str, tuple[str, ...]] = {
     "dpsgd": (),
     "dpadam": (),
@@ -34,6 +45,11 @@ METHOD_TEST_CONFIGS: dict[str, tuple[str, ...]] = {
     "disk": (),
     "fiber": (),
     "dp_ivon": (),
+    "ivon": ("privacy=nonprivate",),
+    "dplora": TEXT,
+    "spectral_denoise": TEXT,
+    "dp_adaln": TIME_SERIES,
+    "dp_vanilla": TIME_SERIES,
 }
 
 
@@ -54,7 +70,11 @@ def method_overrides(name: str) -> list[str]:
         chosen = [f"method={name}"]
     else:  # an entry-point plugin without a YAML file in conf/
         chosen = ["method=plugin", f"method.name={name}"]
-    return [*TINY, *chosen, *METHOD_TEST_CONFIGS[name]]
+    extra = METHOD_TEST_CONFIGS[name]
+    base = list(TINY)
+    if any(o.startswith("model=") for o in extra):  # another task's model: drop the MLP's keys
+        base = [o for o in base if not o.startswith("model")]
+    return [*base, *chosen, *extra]
 
 
 def is_private(name: str) -> bool:

@@ -78,6 +78,15 @@ class CanaryModel(nn.Module):
         self.canary = nn.Linear(1, canaries, bias=False)
         nn.init.zeros_(self.canary.weight)
 
+    def __getattr__(self, name: str) -> Any:
+        """Delegate unknown attributes (e.g. a model-side method's switches) to the model."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "model":
+                raise
+            return getattr(self.model, name)
+
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         out = self.model(*args, **kwargs)
         if not isinstance(out, torch.Tensor):

@@ -99,10 +99,24 @@ class TimeSeriesDiffusion(Task):
         if self._cache is not None and self._cache[0] is batch:
             return self._cache[1]
         values, observed, target = batch[0], batch[1], batch[2]
-        if self.resample_train_masks:
-            target = draw_target_mask(observed, self.spec)
-        t = torch.randint(0, len(self.betas), (values.shape[0],), device=values.device)
-        eps = torch.randn_like(values)
+        # One seed per example from the global RNG (checkpointed by the loop), then each
+        # example's mask, step and noise from its own stream: an example's draws never depend
+        # on which other examples the Poisson sample holds.
+        seeds = torch.randint(0, 2**62, (values.shape[0],)).tolist()
+        masks, steps, noises = [], [], []
+        for i, seed in enumerate(seeds):
+            gen = torch.Generator().manual_seed(seed)
+            one_observed = observed[i:i + 1].cpu()
+            masks.append(draw_target_mask(one_observed, self.spec, gen)
+                         if self.resample_train_masks else target[i:i + 1].cpu())
+            steps.append(torch.randint(0, len(self.betas), (1,), generator=gen))
+            noises.append(torch.randn(one_observed.shape, generator=gen))
+        device = values.device
+        target = torch.cat(masks).to(device=device, dtype=values.dtype) if seeds else target
+        t = torch.cat(steps).to(device) if seeds else torch.zeros(0, dtype=torch.long,
+                                                                    device=device)
+        eps = torch.cat(noises).to(device=device, dtype=values.dtype) if seeds else \
+            torch.zeros_like(values)
         self._cache = (batch, (target, t, eps))
         return target, t, eps
 

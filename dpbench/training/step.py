@@ -78,7 +78,10 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
                 raise PrivacyError("ghost clipping supports one evaluation point per step")
             with parameters_at(params, points[0].offsets):
                 chunk_sums, norms, factors, loss = engine.ghost_clipped_sum(
-                    task.per_example_loss, chunk, lambda nr: method.clip_factors(nr, ctx))
+                    task.per_example_loss, chunk,
+                    lambda nr: torch.where(torch.isfinite(nr), method.clip_factors(
+                        torch.nan_to_num(nr, nan=0.0, posinf=0.0), ctx), torch.zeros_like(nr)))
+                norms = torch.nan_to_num(norms, nan=0.0, posinf=0.0)
             chunk_sums = [points[0].weight * s for s in chunk_sums]
             norms = norms * abs(points[0].weight)
         else:
@@ -93,6 +96,13 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
                     for c, g in zip(combined, grads):
                         c.add_(g, alpha=point.weight)
             norms = flat_norms(combined)
+            finite = torch.isfinite(norms)
+            if not bool(finite.all()):  # a NaN/Inf example contributes 0, like a dropped one:
+                # otherwise one poisoned example would turn the whole release into NaN, a
+                # data-dependent, un-noised output
+                for c in combined:
+                    c[~finite] = 0.0
+                norms = torch.where(finite, norms, torch.zeros_like(norms))
             if task.observes_gradients:  # diagnostics only (off by default)
                 task.observe_per_example_gradients(dict(zip(engine.names, combined)), norms,
                                                    ctx.clip_norm)
