@@ -151,7 +151,10 @@ def private_release(method: DPMethod, engine: PerExampleGradients, task: Task, b
     return Release(
         grads=released, queries=queries, noisy_extras=noisy_extras, realised_batch=n,
         losses=agg.losses, norms=agg.norms,
-        clipped_fraction=float((agg.factors < 1).float().mean()) if n else 0.0,
+        # clipped = scaled down to the sensitivity bound (right for flat and normalised
+        # clipping alike; AUTO-S never reaches the bound)
+        clipped_fraction=float((agg.factors * agg.norms >= queries[0].sensitivity
+                                * (1 - 1e-4)).float().mean()) if n else 0.0,
     )
 
 

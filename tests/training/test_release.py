@@ -97,3 +97,17 @@ def test_empty_batch_releases_noise_only():
     flat = torch.cat([g.flatten() for g in rel.grads])
     assert rel.realised_batch == 0
     assert float(flat.std()) == pytest.approx(2.0 * 0.5 / 24.0, rel=0.1)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_clipped_fraction_counts_examples_scaled_to_the_bound(normalize):
+    """The diagnostic counts examples cut to the sensitivity, for flat and normalised clipping."""
+    task = get_task("classification")()
+    method = get_method("dpsgd")(optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                                 normalize=normalize)
+    _, engine, batch = _setup()
+    norms = flat_norms(engine.per_example(task.per_example_loss, batch)[0])
+    for clip in (float(norms.min()) / 2, float(norms.median()), float(norms.max()) * 2):
+        rel = private_release(method, engine, task, batch, _ctx(clip=clip), 1.0, None)
+        expected = float((norms >= clip * (1 - 1e-4)).float().mean())  # at the bound = cut
+        assert rel.clipped_fraction == pytest.approx(expected, abs=1e-6)
