@@ -42,6 +42,13 @@ class Task:
         """Return per-step diagnostics to log (e.g. from observed gradients)."""
         return {}
 
+    def state_dict(self) -> dict[str, Any]:
+        """Return task state a resumed run needs (e.g. accumulated diagnostics)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
     def primary_metric(self) -> tuple[str, str]:
         """Return (metric name, "max" or "min") that tables and reports lead with."""
         return "accuracy", "max"

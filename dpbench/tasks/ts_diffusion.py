@@ -218,6 +218,13 @@ class TimeSeriesDiffusion(Task):
             self._diag.setdefault(key, []).append(v)
             self._step.setdefault(key, []).append(v)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Return the diagnostics accumulated since the last evaluation."""
+        return {"diag": {k: torch.cat(v) for k, v in self._diag.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._diag = {k: [v] for k, v in (state.get("diag") or {}).items()}
+
     def step_metrics(self) -> dict[str, float]:
         """Return this step's g_cond quantiles, clip rate and severity (all its chunks)."""
         if not self._step:
@@ -231,7 +238,7 @@ class TimeSeriesDiffusion(Task):
         """Return norm quantiles, clip rate/severity and a norm sample of every step since the
         last evaluation (the whole run when only the last epoch is evaluated); reset.
 
-        Kept in memory only: after a resume the summary covers the steps since the resume.
+        Checkpointed with the run (``state_dict``), so a resumed run summarises every step.
         """
         if not self._diag:
             return {}

@@ -227,6 +227,7 @@ class Trainer:
         return {
             "fingerprint": self.fingerprint, "epoch": self.epoch, "step": self.step,
             "model": self.model.state_dict(), "method": self.method.state_dict(),
+            "task": self.task.state_dict(),
             "accountant": self.accountant.state_dict() if self.accountant else None,
             "ledger": self.ledger.state_dict(), "history": self.history,
             "step_history": self.step_history,
@@ -243,6 +244,7 @@ class Trainer:
                               "hydra.run.dir")
         self.model.load_state_dict(state["model"])
         self.method.load_state_dict(state["method"])
+        self.task.load_state_dict(state.get("task") or {})
         if self.accountant is not None:
             self.accountant.load_state_dict(state["accountant"])
         self.ledger.load_state_dict(state["ledger"])

@@ -86,3 +86,27 @@ def test_nonprivate_training_beats_the_untrained_model(sine_csv):
     untrained = run_config(cfg)["metrics"]
     assert trained["rmse"] < 0.7 * untrained["rmse"]
     assert trained["crps"] < untrained["crps"]
+
+
+def test_gradient_diagnostics_survive_a_resume(sine_csv, tmp_path):
+    """The g_cond summary of a run killed mid-way and resumed equals the uninterrupted one's."""
+    from dpbench.experiment import build_trainer
+    from dpbench.training.loop import Callback
+
+    class Kill(Callback):
+        def on_step_end(self, trainer, metrics):
+            if trainer.epoch == 1 and trainer.step == trainer.plan.steps_per_epoch + 1:
+                raise KeyboardInterrupt
+
+    base = ["dataset=csv_timeseries", f"dataset.path={sine_csv}", "method=dp_adaln",
+            "privacy=sigma", "privacy.noise_multiplier=1.0", "trainer.epochs=2",
+            "trainer.eval_every=2", *[o for o in TINY if o != "trainer.checkpoint=false"]]
+    full = build_trainer(compose_config(*base), tmp_path / "full").fit()["metrics"]
+    killed = build_trainer(compose_config(*base), tmp_path / "killed", [Kill()])
+    with pytest.raises(KeyboardInterrupt):
+        killed.fit()
+    resumed = build_trainer(compose_config(*base, "trainer.resume=true"), tmp_path / "killed")
+    resumed.maybe_resume()
+    out = resumed.fit()["metrics"]
+    assert len(out["g_cond_norms"]) == len(full["g_cond_norms"])
+    assert out["g_cond_p99"] == pytest.approx(full["g_cond_p99"])
