@@ -27,19 +27,26 @@ class Classification(Task):
         return F.log_softmax(model(x), dim=-1)
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, loader: Any, device: torch.device,
-                 predict: Any = None) -> dict[str, Any]:
-        """Return accuracy, per-class accuracy, NLL, ECE, Brier; ``predict`` maps x -> log-probs."""
+    def collect_predictions(self, model: nn.Module, loader: Any, device: torch.device,
+                            predict: Any = None) -> tuple[torch.Tensor, torch.Tensor, list]:
+        """Return (log-probs, labels, the batches' further tensors) over ``loader`` on CPU."""
         predict = predict or (lambda x: self.predict_log_proba(model, x))
         was_training = model.training
         model.eval()
-        log_probs, labels = [], []
+        log_probs, labels, rest = [], [], []
         for batch in loader:
-            x, y = move_to(batch, device)[:2]
+            x, y, *extra = move_to(batch, device)
             log_probs.append(predict(x).float().cpu())
             labels.append(y.cpu())
+            rest.append([t.cpu() for t in extra])
         model.train(was_training)
-        lp, y = torch.cat(log_probs), torch.cat(labels)
+        extras = [torch.cat(column) for column in zip(*rest)] if rest else []
+        return torch.cat(log_probs), torch.cat(labels), extras
+
+    def evaluate(self, model: nn.Module, loader: Any, device: torch.device,
+                 predict: Any = None) -> dict[str, Any]:
+        """Return accuracy, per-class accuracy, NLL, ECE, Brier; ``predict`` maps x -> log-probs."""
+        lp, y, _ = self.collect_predictions(model, loader, device, predict)
         return classification_metrics(lp, y, num_classes=lp.shape[1])
 
 

@@ -17,7 +17,6 @@ from torch import nn
 
 from dpbench.tasks import register_task
 from dpbench.tasks.classification import Classification, classification_metrics
-from dpbench.training.batches import move_to
 
 
 def group_metrics(pred: torch.Tensor, y: torch.Tensor, groups: torch.Tensor,
@@ -40,21 +39,10 @@ def group_metrics(pred: torch.Tensor, y: torch.Tensor, groups: torch.Tensor,
 class FairClassification(Classification):
     """Classification whose evaluation adds group metrics over the protected attribute."""
 
-    @torch.no_grad()
     def evaluate(self, model: nn.Module, loader: Any, device: torch.device,
                  predict: Any = None) -> dict[str, Any]:
         """Return classification metrics plus ``group_metrics`` on the test set's groups."""
-        predict = predict or (lambda x: self.predict_log_proba(model, x))
-        was_training = model.training
-        model.eval()
-        log_probs, labels, groups = [], [], []
-        for batch in loader:
-            x, y, g = move_to(batch, device)[:3]
-            log_probs.append(predict(x).float().cpu())
-            labels.append(y.cpu())
-            groups.append(g.cpu())
-        model.train(was_training)
-        lp, y, g = torch.cat(log_probs), torch.cat(labels), torch.cat(groups)
+        lp, y, (g, *_) = self.collect_predictions(model, loader, device, predict)
         metrics = classification_metrics(lp, y, num_classes=lp.shape[1])
         positive = int(self.settings.get("positive_class", 1))
         return {**metrics, **group_metrics(lp.argmax(dim=1), y, g, positive)}
