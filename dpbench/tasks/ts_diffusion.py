@@ -39,9 +39,9 @@ from dpbench.tasks.ts_metrics import (
     channel_js,
     crps_empirical,
     point_metrics,
-    quantile_summary,
 )
 from dpbench.training.batches import move_to
+from dpbench.utils.stats import quantile_summary
 
 NORM_SAMPLE_SIZE = 2000  # per-example norms kept per evaluation for histograms
 

@@ -93,11 +93,3 @@ def acf_distance(pred_full: torch.Tensor, y: torch.Tensor, max_lag: int = 10) ->
     diff = (autocorrelation(pred_full.double(), lag) - autocorrelation(y.double(), lag)).abs()
     return float(diff.mean()) if diff.numel() else math.nan
 
-
-def quantile_summary(prefix: str, values: torch.Tensor) -> dict[str, float]:
-    """Return {prefix_p50, _p90, _p99, _max} of ``values``."""
-    if values.numel() == 0:
-        return {}
-    q = torch.quantile(values.double(), torch.tensor([0.5, 0.9, 0.99, 1.0], dtype=torch.float64))
-    return {f"{prefix}_p50": float(q[0]), f"{prefix}_p90": float(q[1]),
-            f"{prefix}_p99": float(q[2]), f"{prefix}_max": float(q[3])}

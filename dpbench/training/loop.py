@@ -38,6 +38,7 @@ from dpbench.training.checkpoint import (
 )
 from dpbench.training.per_example import PerExampleGradients
 from dpbench.training.step import Release, nonprivate_gradient, private_release
+from dpbench.utils.stats import quantile_summary
 
 log = logging.getLogger(__name__)
 
@@ -210,11 +211,8 @@ class Trainer:
         metrics = {"step": self.step, "batch_size": release.realised_batch,
                    "loss": float(release.losses.mean()) if release.losses.numel() else math.nan}
         if release.norms is not None and release.norms.numel():
-            q = torch.quantile(release.norms.float().cpu(),
-                               torch.tensor([0.5, 0.9, 0.99, 1.0]))
-            metrics.update({"clip_fraction": release.clipped_fraction,
-                            "grad_norm_p50": float(q[0]), "grad_norm_p90": float(q[1]),
-                            "grad_norm_p99": float(q[2]), "grad_norm_max": float(q[3])})
+            metrics["clip_fraction"] = release.clipped_fraction
+            metrics.update(quantile_summary("grad_norm", release.norms))
         metrics.update(self.method.step_metrics())
         metrics.update(self.task.step_metrics())
         return metrics
