@@ -1,0 +1,240 @@
+"""Per-layer rules of book-keeping clipping: per-example squared norms and clipped sums.
+
+Each rule sees a layer's input activations ``a`` and the gradients ``g`` of the summed loss
+with respect to its output (one backward). For example i the weight gradient of a linear
+layer is ``G_i = sum_t g_it a_it^T`` (Bu et al., ICML 2023, eq. 2), so
+
+* ghost norm (their eq. 4, Li et al. 2022): ``||G_i||^2 = <a_i a_i^T, g_i g_i^T>_F``, cost
+  ``T^2 (d_in + d_out)`` per example;
+* instantiation: form ``G_i`` and sum its squares, cost ``T d_in d_out``;
+
+each layer takes the cheaper (book-keeping's hybrid rule, their sec. 3.3). The clipped sum
+``sum_i f_i G_i = sum_{i,t} (f_i g_it) a_it^T`` is the layer's ordinary weight gradient with
+the output gradients re-weighted by the clip factors f (their eq. 5): one matmul, no second
+backward, no B x params tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.grad import conv2d_weight
+
+Tensor = torch.Tensor
+
+
+def _sq(x: Tensor) -> Tensor:
+    """Return the per-example sum of squares of ``x`` [B, ...] -> [B]."""
+    return x.reshape(x.shape[0], -1).pow(2).sum(1)
+
+
+def _weighted(g: Tensor, f: Tensor) -> Tensor:
+    """Return g with example i scaled by f_i."""
+    return g * f.view(-1, *([1] * (g.dim() - 1)))
+
+
+def _gram_norm_sq(a: Tensor, g: Tensor) -> Tensor:
+    """Return ||sum_t g_t a_t^T||_F^2 per example via the ghost norm <a a^T, g g^T> [B]."""
+    return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+
+
+# ---- Linear --------------------------------------------------------------------------------
+def linear_norm_sq(m: nn.Linear, a: Tensor, g: Tensor) -> Tensor:
+    """Return per-example ||grad W||^2 + ||grad b||^2 of a linear layer (trainable ones)."""
+    b = a.shape[0]
+    out = torch.zeros(b, dtype=g.dtype, device=g.device)
+    if a.dim() == 2:  # T = 1: ||g a^T||^2 = ||g||^2 ||a||^2
+        g_sq = g.pow(2).sum(1)
+        if m.weight.requires_grad:
+            out = out + g_sq * a.pow(2).sum(1)
+        if m.bias is not None and m.bias.requires_grad:
+            out = out + g_sq
+        return out
+    a3, g3 = a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
+    t, d_in, d_out = a3.shape[1], a3.shape[2], g3.shape[2]
+    if m.weight.requires_grad:
+        if t * (d_in + d_out) <= d_in * d_out:  # ghost: T^2 (d_in + d_out) <= T d_in d_out
+            out = out + _gram_norm_sq(a3, g3)
+        else:
+            out = out + _sq(torch.bmm(g3.transpose(1, 2), a3))
+    if m.bias is not None and m.bias.requires_grad:
+        out = out + g3.sum(1).pow(2).sum(1)
+    return out
+
+
+def linear_clipped(m: nn.Linear, a: Tensor, g: Tensor, f: Tensor) -> dict[nn.Parameter, Tensor]:
+    """Return sum_i f_i grad_i for the layer's trainable parameters (one matmul each)."""
+    gw = _weighted(g, f).reshape(-1, g.shape[-1])
+    out = {}
+    if m.weight.requires_grad:
+        out[m.weight] = gw.t() @ a.reshape(-1, a.shape[-1])
+    if m.bias is not None and m.bias.requires_grad:
+        out[m.bias] = gw.sum(0)
+    return out
+
+
+# ---- Conv2d --------------------------------------------------------------------------------
+def _conv_input(m: nn.Conv2d, a: Tensor) -> tuple[Tensor, tuple[int, int]]:
+    """Return (input padded as the layer pads it, remaining zero padding for conv2d_weight)."""
+    if m.padding_mode != "zeros":
+        return F.pad(a, m._reversed_padding_repeated_twice, mode=m.padding_mode), (0, 0)
+    if isinstance(m.padding, str):  # "valid" or "same" (stride 1): torch's own amounts
+        return F.pad(a, m._reversed_padding_repeated_twice), (0, 0)
+    return a, tuple(m.padding)
+
+
+def _patches(m: nn.Conv2d, a: Tensor, out_hw: tuple[int, int]) -> Tensor:
+    """Return a strided view [B, G, C/G, kh, kw, H', W'] of the padded input (no im2col loop)."""
+    x, (ph, pw) = _conv_input(m, a)
+    if ph or pw:
+        x = F.pad(x, (pw, pw, ph, ph))
+    x = x.contiguous()
+    b, c = x.shape[:2]
+    kh, kw = m.kernel_size
+    sh, sw = m.stride
+    dh, dw = m.dilation
+    s = x.stride()
+    view = x.as_strided((b, c, kh, kw, *out_hw),
+                        (s[0], s[1], dh * s[2], dw * s[3], sh * s[2], sw * s[3]))
+    return view.unflatten(1, (m.groups, c // m.groups))
+
+
+def conv2d_norm_sq(m: nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
+    """Return per-example ||grad W||^2 + ||grad b||^2 of a 2-d convolution.
+
+    Instantiation is an einsum over a strided view of the padded input (one strided copy,
+    not unfold's per-example loop); the ghost norm uses the same patches as [B, L, C k^2].
+    """
+    b, o = g.shape[:2]
+    out = torch.zeros(b, dtype=g.dtype, device=g.device)
+    if m.weight.requires_grad:
+        patches = _patches(m, a, tuple(g.shape[2:]))
+        grp = m.groups
+        gg = g.reshape(b, grp, o // grp, -1)  # [B, G, O/G, L]
+        c_k = patches.shape[2] * patches.shape[3] * patches.shape[4]
+        length = gg.shape[-1]
+        if length * (c_k + o // grp) <= c_k * (o // grp):  # ghost norm is cheaper
+            p = patches.reshape(b * grp, c_k, length)  # copies the view once
+            gg = gg.reshape(b * grp, o // grp, length)
+            per = (torch.bmm(p.transpose(1, 2), p) * torch.bmm(gg.transpose(1, 2), gg))
+            out = out + per.sum((1, 2)).view(b, grp).sum(1)
+        else:
+            gw = torch.einsum("bgcklhw,bgohw->bgockl", patches,
+                              gg.view(b, grp, o // grp, *g.shape[2:]))
+            out = out + _sq(gw)
+    if m.bias is not None and m.bias.requires_grad:
+        out = out + g.sum((2, 3)).pow(2).sum(1)
+    return out
+
+
+def conv2d_clipped(m: nn.Conv2d, a: Tensor, g: Tensor, f: Tensor) -> dict[nn.Parameter, Tensor]:
+    """Return sum_i f_i grad_i: torch's weight gradient with re-weighted output gradients."""
+    gw = _weighted(g, f)
+    out = {}
+    if m.weight.requires_grad:
+        x, padding = _conv_input(m, a)
+        out[m.weight] = conv2d_weight(x, m.weight.shape, gw, m.stride, padding, m.dilation,
+                                      m.groups)
+    if m.bias is not None and m.bias.requires_grad:
+        out[m.bias] = gw.sum((0, 2, 3))
+    return out
+
+
+# ---- Embedding -----------------------------------------------------------------------------
+def _embedding_grad_out(m: nn.Embedding, idx: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """Return (indices [B, T], output grads [B, T, d]), the padding row's grads zeroed."""
+    b = idx.shape[0]
+    idx, g = idx.reshape(b, -1), g.reshape(b, -1, g.shape[-1])
+    if m.padding_idx is not None:
+        g = g * (idx != m.padding_idx).unsqueeze(-1).to(g.dtype)
+    return idx, g
+
+
+def embedding_norm_sq(m: nn.Embedding, a: Tensor, g: Tensor) -> Tensor:
+    """Return ||grad E||^2 per example: sum_{t,s} [x_t = x_s] g_t . g_s (ghost; V d is large)."""
+    idx, g = _embedding_grad_out(m, a, g)
+    same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(g.dtype)
+    return (same * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+
+
+def embedding_clipped(m: nn.Embedding, a: Tensor, g: Tensor,
+                      f: Tensor) -> dict[nn.Parameter, Tensor]:
+    """Return sum_i f_i grad_i: re-weighted output grads added into their rows."""
+    idx, g = _embedding_grad_out(m, a, g)
+    gw = _weighted(g, f)
+    out = torch.zeros_like(m.weight).index_add_(0, idx.reshape(-1), gw.reshape(-1, g.shape[-1]))
+    return {m.weight: out}
+
+
+# ---- LayerNorm / GroupNorm -----------------------------------------------------------------
+def _norm_affine_grads(m: nn.Module, a: Tensor, g: Tensor) -> dict[nn.Parameter, Tensor]:
+    """Return per-example grads [B, *param.shape] of a norm layer's affine parameters."""
+    if isinstance(m, nn.GroupNorm):
+        x_hat = F.group_norm(a, m.num_groups, eps=m.eps)
+        dims = tuple(range(2, a.dim()))
+    else:
+        x_hat = F.layer_norm(a, m.normalized_shape, eps=m.eps)
+        dims = tuple(range(1, a.dim() - len(m.normalized_shape)))
+    out = {}
+    if m.weight is not None and m.weight.requires_grad:
+        out[m.weight] = (x_hat * g).sum(dims) if dims else x_hat * g
+    if m.bias is not None and m.bias.requires_grad:
+        out[m.bias] = g.sum(dims) if dims else g
+    return out
+
+
+def norm_layer_norm_sq(m: nn.Module, a: Tensor, g: Tensor) -> Tensor:
+    """Return per-example squared norms of a LayerNorm/GroupNorm's affine gradients."""
+    grads = _norm_affine_grads(m, a, g)
+    return sum((_sq(v) for v in grads.values()),
+               torch.zeros(a.shape[0], dtype=g.dtype, device=g.device))
+
+
+def norm_layer_clipped(m: nn.Module, a: Tensor, g: Tensor,
+                       f: Tensor) -> dict[nn.Parameter, Tensor]:
+    """Return sum_i f_i grad_i of a LayerNorm/GroupNorm's affine parameters."""
+    return {p: torch.einsum("b,b...->...", f.to(v.dtype), v)
+            for p, v in _norm_affine_grads(m, a, g).items()}
+
+
+@dataclass(frozen=True)
+class LayerRule:
+    """How book-keeping handles one layer type (per-example norms^2, clipped sums)."""
+
+    norm_sq: Callable[[nn.Module, Tensor, Tensor], Tensor]
+    clipped: Callable[[nn.Module, Tensor, Tensor, Tensor], dict[nn.Parameter, Tensor]]
+    #: whether several calls in one forward may be concatenated along the token axis
+    concat_calls: bool = False
+
+
+RULES: dict[type, LayerRule] = {
+    nn.Linear: LayerRule(linear_norm_sq, linear_clipped, concat_calls=True),
+    nn.Conv2d: LayerRule(conv2d_norm_sq, conv2d_clipped),
+    nn.Embedding: LayerRule(embedding_norm_sq, embedding_clipped),
+    nn.LayerNorm: LayerRule(norm_layer_norm_sq, norm_layer_clipped),
+    nn.GroupNorm: LayerRule(norm_layer_norm_sq, norm_layer_clipped),
+}
+
+
+def rule_for(module: nn.Module) -> LayerRule | None:
+    """Return the rule for ``module``'s type (or a supported base class), None if none."""
+    for cls in type(module).__mro__:
+        if cls in RULES:
+            return RULES[cls]
+    return None
+
+
+def unsupported_reason(module: nn.Module) -> str | None:
+    """Return why book-keeping cannot handle ``module`` exactly, or None if it can."""
+    if rule_for(module) is None:
+        return f"no book-keeping rule for {type(module).__name__}"
+    if isinstance(module, nn.Embedding) and (module.scale_grad_by_freq or module.sparse):
+        return "Embedding with scale_grad_by_freq or sparse gradients"
+    if isinstance(module, nn.Conv2d) and module.padding_mode not in (
+            "zeros", "reflect", "replicate", "circular"):
+        return f"Conv2d padding_mode {module.padding_mode!r}"
+    return None
