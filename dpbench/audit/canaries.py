@@ -120,13 +120,15 @@ class CanaryGradients:
 class AuditTrainer(Trainer):
     """The training loop with gradient canaries and per-canary scores of the releases."""
 
+    needs_per_example_grads = True  # canaries join the materialised per-example gradients
+
     def __init__(self, *, audit: AuditSettings, model: nn.Module, **kwargs: Any) -> None:
         self.audit = audit
         super().__init__(model=CanaryModel(model, audit.canaries), **kwargs)
         if not self.plan.private:
             raise ConfigError(f"method {self.method.name!r} releases without noise (epsilon = "
                               "inf): there is nothing to audit")
-        if self.engine.mode == "ghost":
+        if self.engine.mode in ("ghost", "bk"):
             raise ConfigError("the audit needs per-example gradients: use "
                               "trainer.grad_sample_mode=hooks or functorch")
         weight = self.model.canary.weight

@@ -61,7 +61,7 @@ class TrainerConfig:
     epochs: int = 10
     batch_size: int = 64  # expected logical batch size B; Poisson rate q = B / N
     max_physical_batch_size: int | None = None  # virtual batches: chunks of this size
-    grad_sample_mode: str = "hooks"
+    grad_sample_mode: str = "auto"
     device: str = "auto"
     eval_batch_size: int = 1024
     eval_every: int = 1  # epochs between evaluations (the last epoch is always evaluated)

@@ -15,6 +15,9 @@ class Task:
     name = ""
     #: opt in to ``observe_per_example_gradients`` (off by default: a pass over every g_i)
     observes_gradients: bool = False
+    #: the observer reads only per-example norms of each layer's gradient: book-keeping may
+    #: then pass one coordinate per layer holding that norm instead of the gradient itself
+    observes_norms_only: bool = False
 
     def __init__(self, data: Any = None, **settings: Any) -> None:
         self.data = data

@@ -65,7 +65,10 @@ class BookKeepingGradients:
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
         self._recording = False
         self._records: list[tuple[nn.Module, torch.Tensor, torch.Tensor, int]] = []
-        layers = [m for _, m in trainable_layers(model)]
+        named = trainable_layers(model)
+        layers = [m for _, m in named]
+        self._layer_names = {m: name for name, m in named}
+        self._layer_norm_sq: dict[nn.Module, torch.Tensor] = {}
         self._rules = {m: rule_for(m) for m in layers}
         self._handles = [m.register_forward_hook(self._record) for m in layers]
 
@@ -122,8 +125,10 @@ class BookKeepingGradients:
         """Return (sum_i f_i g_i per parameter, norms, factors, losses); g_i never built."""
         losses, finite, layers = self._forward_backward(loss_fn, batch)
         norm_sq = torch.zeros(losses.shape[0], device=losses.device)
+        self._layer_norm_sq = {}
         for module, (a, g) in layers.items():
-            norm_sq = norm_sq + self._rules[module].norm_sq(module, a, g)
+            self._layer_norm_sq[module] = layer_sq = self._rules[module].norm_sq(module, a, g)
+            norm_sq = norm_sq + layer_sq
         norms = norm_sq.sqrt()
         factors = factors_fn(norms).detach().to(norms.dtype)
         ok = finite & torch.isfinite(norms)
@@ -135,6 +140,15 @@ class BookKeepingGradients:
             sums.update(self._rules[module].clipped(module, a, g, factors.to(g.dtype)))
         out = [sums[p].detach() if p in sums else torch.zeros_like(p) for p in self.params]
         return out, norms, factors, losses
+
+    def layer_norms(self) -> dict[str, torch.Tensor]:
+        """Return {layer name: [B, 1] per-example norm of its gradient} of the last call.
+
+        For observers that need only per-layer norms (``Task.observes_norms_only``): one
+        coordinate per layer whose square is that layer's ||g_i||^2 (diagnostics only).
+        """
+        return {self._layer_names[m]: sq.sqrt().unsqueeze(1)
+                for m, sq in self._layer_norm_sq.items()}
 
     def remove_hooks(self) -> None:
         for h in self._handles:

@@ -73,7 +73,7 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
     n = batch_size(batch)
     chunks = physical_chunks(batch, max_physical) if n > 0 else []
     for chunk in chunks:
-        if engine.mode == "ghost":
+        if engine.mode in ("ghost", "bk"):  # clipped sums without per-example gradients
             if len(points) != 1:
                 raise PrivacyError("ghost clipping supports one evaluation point per step")
             with parameters_at(params, points[0].offsets):
@@ -82,6 +82,8 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
                     lambda nr: torch.where(torch.isfinite(nr), method.clip_factors(
                         torch.nan_to_num(nr, nan=0.0, posinf=0.0), ctx), torch.zeros_like(nr)))
                 norms = torch.nan_to_num(norms, nan=0.0, posinf=0.0)
+            if task.observes_gradients and engine.mode == "bk":  # diagnostics only
+                task.observe_per_example_gradients(engine.layer_norms(), norms, ctx.clip_norm)
             chunk_sums = [points[0].weight * s for s in chunk_sums]
             norms = norms * abs(points[0].weight)
         else:
