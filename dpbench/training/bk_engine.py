@@ -89,9 +89,12 @@ class BookKeepingGradients:
         finally:
             self._recording = False
         records, self._records = self._records, []
-        finite = torch.isfinite(losses.detach())
-        # a non-finite loss contributes 0: masked before the backward (and its factor is 0)
-        total = torch.where(finite, losses, torch.zeros_like(losses)).sum()
+        total = losses.sum()
+        finite = None  # None: every loss is finite (one check of the sum, not B)
+        if not bool(torch.isfinite(total)):
+            # a non-finite loss contributes 0: masked before the backward (and its factor is 0)
+            finite = torch.isfinite(losses.detach())
+            total = torch.where(finite, losses, torch.zeros_like(losses)).sum()
         for module, _, out, version in records:
             if out._version != version:
                 raise ConfigError(f"book-keeping: the output of {type(module).__name__} is "
@@ -124,22 +127,22 @@ class BookKeepingGradients:
     ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
         """Return (sum_i f_i g_i per parameter, norms, factors, losses); g_i never built."""
         losses, finite, layers = self._forward_backward(loss_fn, batch)
-        norm_sq = torch.zeros(losses.shape[0], device=losses.device)
-        self._layer_norm_sq = {}
-        for module, (a, g) in layers.items():
-            self._layer_norm_sq[module] = layer_sq = self._rules[module].norm_sq(module, a, g)
-            norm_sq = norm_sq + layer_sq
+        self._layer_norm_sq = {m: self._rules[m].norm_sq(m, a, g) for m, (a, g) in layers.items()}
+        norm_sq = sum(self._layer_norm_sq.values()) if layers else torch.zeros_like(losses)
         norms = norm_sq.sqrt()
-        factors = factors_fn(norms).detach().to(norms.dtype)
-        ok = finite & torch.isfinite(norms)
-        if not bool(ok.all()):  # NaN/Inf example: contributes exactly 0 (rows zeroed: 0*inf)
+        factors = factors_fn(norms)
+        if factors.dtype != norms.dtype:
+            factors = factors.to(norms.dtype)
+        if finite is not None or not bool(torch.isfinite(norm_sq.sum())):
+            # NaN/Inf example: contributes exactly 0 (its rows zeroed too: 0 * inf is NaN)
+            ok = torch.isfinite(norms) if finite is None else finite & torch.isfinite(norms)
             factors = torch.where(ok, factors, torch.zeros_like(factors))
             layers = {m: (_zero_rows(a, ok), _zero_rows(g, ok)) for m, (a, g) in layers.items()}
         sums: dict[nn.Parameter, torch.Tensor] = {}
         for module, (a, g) in layers.items():
-            sums.update(self._rules[module].clipped(module, a, g, factors.to(g.dtype)))
-        out = [sums[p].detach() if p in sums else torch.zeros_like(p) for p in self.params]
-        return out, norms, factors, losses
+            sums.update(self._rules[module].clipped(module, a, g, factors))
+        zeros = torch.zeros_like
+        return [sums[p] if p in sums else zeros(p) for p in self.params], norms, factors, losses
 
     def layer_norms(self) -> dict[str, torch.Tensor]:
         """Return {layer name: [B, 1] per-example norm of its gradient} of the last call.

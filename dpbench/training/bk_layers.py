@@ -45,15 +45,15 @@ def _gram_norm_sq(a: Tensor, g: Tensor) -> Tensor:
 # ---- Linear --------------------------------------------------------------------------------
 def linear_norm_sq(m: nn.Linear, a: Tensor, g: Tensor) -> Tensor:
     """Return per-example ||grad W||^2 + ||grad b||^2 of a linear layer (trainable ones)."""
+    has_bias = m.bias is not None and m.bias.requires_grad
+    if a.dim() == 2:  # T = 1: ||g a^T||^2 + ||g||^2 = ||g||^2 (||a||^2 + 1), few ops (MLPs)
+        g_sq = torch.linalg.vecdot(g, g)
+        if not m.weight.requires_grad:
+            return g_sq
+        a_sq = torch.linalg.vecdot(a, a)
+        return g_sq * (a_sq + 1.0) if has_bias else g_sq * a_sq
     b = a.shape[0]
     out = torch.zeros(b, dtype=g.dtype, device=g.device)
-    if a.dim() == 2:  # T = 1: ||g a^T||^2 = ||g||^2 ||a||^2
-        g_sq = g.pow(2).sum(1)
-        if m.weight.requires_grad:
-            out = out + g_sq * a.pow(2).sum(1)
-        if m.bias is not None and m.bias.requires_grad:
-            out = out + g_sq
-        return out
     a3, g3 = a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
     t, d_in, d_out = a3.shape[1], a3.shape[2], g3.shape[2]
     if m.weight.requires_grad:
@@ -61,15 +61,22 @@ def linear_norm_sq(m: nn.Linear, a: Tensor, g: Tensor) -> Tensor:
             out = out + _gram_norm_sq(a3, g3)
         else:
             out = out + _sq(torch.bmm(g3.transpose(1, 2), a3))
-    if m.bias is not None and m.bias.requires_grad:
+    if has_bias:
         out = out + g3.sum(1).pow(2).sum(1)
     return out
 
 
 def linear_clipped(m: nn.Linear, a: Tensor, g: Tensor, f: Tensor) -> dict[nn.Parameter, Tensor]:
     """Return sum_i f_i grad_i for the layer's trainable parameters (one matmul each)."""
-    gw = _weighted(g, f).reshape(-1, g.shape[-1])
     out = {}
+    if a.dim() == 2:  # W: (g^T diag f) a; b: g^T f
+        gt = g.t()
+        if m.weight.requires_grad:
+            out[m.weight] = torch.mm(gt * f, a)
+        if m.bias is not None and m.bias.requires_grad:
+            out[m.bias] = torch.mv(gt, f)
+        return out
+    gw = _weighted(g, f).reshape(-1, g.shape[-1])
     if m.weight.requires_grad:
         out[m.weight] = gw.t() @ a.reshape(-1, a.shape[-1])
     if m.bias is not None and m.bias.requires_grad:
@@ -106,26 +113,24 @@ def _patches(m: nn.Conv2d, a: Tensor, out_hw: tuple[int, int]) -> Tensor:
 def conv2d_norm_sq(m: nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
     """Return per-example ||grad W||^2 + ||grad b||^2 of a 2-d convolution.
 
-    Instantiation is an einsum over a strided view of the padded input (one strided copy,
-    not unfold's per-example loop); the ghost norm uses the same patches as [B, L, C k^2].
+    The patches [B, C k^2, L] are one copy of a strided view of the padded input (not
+    unfold's per-example loop); instantiation is ``G_i = g_i P_i^T`` (one bmm), the ghost norm
+    ``<P_i^T P_i, g_i^T g_i>``, whichever costs fewer multiply-adds.
     """
     b, o = g.shape[:2]
     out = torch.zeros(b, dtype=g.dtype, device=g.device)
     if m.weight.requires_grad:
-        patches = _patches(m, a, tuple(g.shape[2:]))
         grp = m.groups
-        gg = g.reshape(b, grp, o // grp, -1)  # [B, G, O/G, L]
-        c_k = patches.shape[2] * patches.shape[3] * patches.shape[4]
-        length = gg.shape[-1]
+        # one strided copy in the view's own order [B*G, C/G*kh*kw, L] (a permuting copy,
+        # as einsum makes, is several times slower on CPU)
+        p = _patches(m, a, tuple(g.shape[2:])).reshape(b * grp, -1, g.shape[2] * g.shape[3])
+        gg = g.reshape(b * grp, o // grp, -1)  # [B*G, O/G, L]
+        c_k, length = p.shape[1], p.shape[2]
         if length * (c_k + o // grp) <= c_k * (o // grp):  # ghost norm is cheaper
-            p = patches.reshape(b * grp, c_k, length)  # copies the view once
-            gg = gg.reshape(b * grp, o // grp, length)
-            per = (torch.bmm(p.transpose(1, 2), p) * torch.bmm(gg.transpose(1, 2), gg))
-            out = out + per.sum((1, 2)).view(b, grp).sum(1)
-        else:
-            gw = torch.einsum("bgcklhw,bgohw->bgockl", patches,
-                              gg.view(b, grp, o // grp, *g.shape[2:]))
-            out = out + _sq(gw)
+            per = _gram_norm_sq(p.transpose(1, 2), gg.transpose(1, 2))
+        else:  # instantiate G_i = g_i P_i^T [O/G, C/G k^2]
+            per = _sq(torch.bmm(gg, p.transpose(1, 2)))
+        out = out + per.view(b, grp).sum(1)
     if m.bias is not None and m.bias.requires_grad:
         out = out + g.sum((2, 3)).pow(2).sum(1)
     return out
