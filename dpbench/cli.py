@@ -22,6 +22,7 @@ from dpbench.config.schema import register_schemas
 from dpbench.errors import DPBenchError
 from dpbench.logging.results import RESULTS_NAME, failed_record, write_record
 from dpbench.utils.io import atomic_write_bytes
+from dpbench.utils.threads import apply_threads
 
 log = logging.getLogger("dpbench")
 CONF_DIR = os.environ.get("DPBENCH_CONFIG_DIR",
@@ -105,6 +106,7 @@ def run_job(cfg: DictConfig) -> dict | None:
             if record is not None:
                 print(f"dpbench: {run_dir} already completed; epsilon {record['epsilon']}")
                 return record
+        apply_threads(cfg.trainer.get("num_threads"), hc)  # k parallel jobs share the cores
         callbacks = _callbacks(cfg, run_dir, multirun)
         trainer = build_trainer(cfg, run_dir, callbacks)
         trainer.maybe_resume()  # a checkpoint of another config fails here, writing nothing
