@@ -25,6 +25,9 @@ from torch import nn
 from torch.nn.grad import conv2d_weight
 
 Tensor = torch.Tensor
+#: per-example multiply-adds of a conv weight gradient above which one torch weight-gradient
+#: call per example beats the batched im2col matmul (measured on CPU, ResNet-18 vs cnn2)
+PER_EXAMPLE_CALL_MACS = 4_000_000
 
 
 def _sq(x: Tensor) -> Tensor:
@@ -115,25 +118,39 @@ def conv2d_norm_sq(m: nn.Conv2d, a: Tensor, g: Tensor) -> Tensor:
 
     The patches [B, C k^2, L] are one copy of a strided view of the padded input (not
     unfold's per-example loop); instantiation is ``G_i = g_i P_i^T`` (one bmm), the ghost norm
-    ``<P_i^T P_i, g_i^T g_i>``, whichever costs fewer multiply-adds.
+    ``<P_i^T P_i, g_i^T g_i>``, whichever costs fewer multiply-adds. Large layers (ResNet
+    stages) instantiate with torch's weight gradient, one call per example.
     """
     b, o = g.shape[:2]
     out = torch.zeros(b, dtype=g.dtype, device=g.device)
     if m.weight.requires_grad:
         grp = m.groups
+        c_k = m.weight.shape[1] * m.weight.shape[2] * m.weight.shape[3]
+        length = g.shape[2] * g.shape[3]
+        ghost = length * (c_k + o // grp) <= c_k * (o // grp)
+        if not ghost and o * c_k * length >= PER_EXAMPLE_CALL_MACS:
+            # large layer: torch's own weight gradient per example costs about what the
+            # whole-batch one does (no im2col copy), and B calls are cheap next to it
+            x, padding = _conv_input(m, a)
+            sq = [conv2d_weight(x[i:i + 1], m.weight.shape, g[i:i + 1], m.stride, padding,
+                                m.dilation, m.groups).pow(2).sum() for i in range(b)]
+            return torch.stack(sq) + _conv_bias_sq(m, g)
         # one strided copy in the view's own order [B*G, C/G*kh*kw, L] (a permuting copy,
         # as einsum makes, is several times slower on CPU)
         p = _patches(m, a, tuple(g.shape[2:])).reshape(b * grp, -1, g.shape[2] * g.shape[3])
         gg = g.reshape(b * grp, o // grp, -1)  # [B*G, O/G, L]
-        c_k, length = p.shape[1], p.shape[2]
-        if length * (c_k + o // grp) <= c_k * (o // grp):  # ghost norm is cheaper
+        if ghost:  # ghost norm is cheaper
             per = _gram_norm_sq(p.transpose(1, 2), gg.transpose(1, 2))
         else:  # instantiate G_i = g_i P_i^T [O/G, C/G k^2]
             per = _sq(torch.bmm(gg, p.transpose(1, 2)))
         out = out + per.view(b, grp).sum(1)
+    return out + _conv_bias_sq(m, g)
+
+
+def _conv_bias_sq(m: nn.Conv2d, g: Tensor) -> Tensor | float:
     if m.bias is not None and m.bias.requires_grad:
-        out = out + g.sum((2, 3)).pow(2).sum(1)
-    return out
+        return g.sum((2, 3)).pow(2).sum(1)
+    return 0.0
 
 
 def conv2d_clipped(m: nn.Conv2d, a: Tensor, g: Tensor, f: Tensor) -> dict[nn.Parameter, Tensor]:

@@ -149,6 +149,8 @@ def _custom(module: nn.Module, x: torch.Tensor):
     (nn.Conv2d(4, 6, 3, stride=2, padding=2, dilation=2, groups=2), torch.randn(4, 4, 9, 9)),
     (nn.Conv2d(3, 64, 3, padding="same", padding_mode="reflect"), torch.randn(4, 3, 4, 4)),
     (nn.Sequential(nn.Conv2d(64, 64, 2), nn.Flatten()), torch.randn(3, 64, 3, 3)),
+    # a ResNet-sized layer: one torch weight-gradient call per example
+    (nn.Conv2d(64, 64, 3, padding=1, bias=True), torch.randn(3, 64, 16, 16)),
     # sequence linear in both branches (T small: ghost, T large: instantiation)
     (nn.Linear(16, 16), torch.randn(4, 3, 16)),
     (nn.Linear(3, 2), torch.randn(4, 50, 3)),
