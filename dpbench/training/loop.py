@@ -8,6 +8,7 @@ The loop knows neither the task nor the logging sinks; both come in from outside
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -65,6 +66,11 @@ class PrivacyPlan:
     noise_multiplier: float
     accountant: str | None
     target_epsilon: float | None
+
+
+def _finite(*groups: Any) -> bool:
+    """Return whether every tensor in ``groups`` (iterables of tensors) is finite."""
+    return all(bool(torch.isfinite(t).all()) for group in groups for t in group)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -193,21 +199,9 @@ class Trainer:
         else:
             release = nonprivate_gradient(self.method, self.model, self.params, self.task,
                                           batch, ctx, physical)
-        finite = all(bool(torch.isfinite(g).all()) for g in release.grads)
-        if release.losses is not None and release.losses.numel():
-            finite = finite and bool(torch.isfinite(release.losses).all())
-        if not finite:
-            if self.settings.nonfinite == "stop":
-                raise TrainingDiverged(
-                    f"non-finite loss or gradient at step {self.step} (epoch {self.epoch}); "
-                    "the last good checkpoint is kept. Lower the learning rate, or set "
-                    "trainer.nonfinite=skip to skip such updates (they stay accounted)")
-            self.skipped_steps += 1
-        else:
-            grads = self.method.postprocess(release.grads, ctx)
-            self.method.update(grads, ctx)
-            self.method.after_step(release.noisy_extras, ctx)
+        self._apply(release, ctx)
         self.step += 1
+        # diagnostics of the examples kept (non-finite ones are dropped, see step.py)
         metrics = {"step": self.step, "batch_size": release.realised_batch,
                    "loss": float(release.losses.mean()) if release.losses.numel() else math.nan}
         if release.norms is not None and release.norms.numel():
@@ -216,6 +210,43 @@ class Trainer:
         metrics.update(self.method.step_metrics())
         metrics.update(self.task.step_metrics())
         return metrics
+
+    def _apply(self, release: Release, ctx: StepContext) -> None:
+        """Post-process and apply the release; skip or stop when it or the update is not finite.
+
+        Only released quantities decide: the noisy gradient and queries, their
+        post-processing and the updated parameters (a non-finite *example* never gets here: it
+        was dropped before the noise). A skipped update restores the model and method state.
+        """
+        skip = self.settings.nonfinite == "skip"
+        saved = self._snapshot() if skip else None
+        ok = _finite(release.grads, release.noisy_extras.values())
+        if ok:
+            grads = self.method.postprocess(release.grads, ctx)
+            ok = _finite(grads)
+        if ok:
+            self.method.update(grads, ctx)
+            self.method.after_step(release.noisy_extras, ctx)
+            ok = _finite(self.params)
+        if ok:
+            return
+        if not skip:
+            raise TrainingDiverged(
+                f"non-finite released gradient or update at step {self.step} (epoch "
+                f"{self.epoch}); the last good checkpoint is kept. Lower the learning rate, "
+                "or set trainer.nonfinite=skip to skip such updates (they stay accounted)")
+        self._restore(saved)
+        self.skipped_steps += 1
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {"params": [p.detach().clone() for p in self.params],
+                "method": copy.deepcopy(self.method.state_dict())}
+
+    def _restore(self, saved: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for p, v in zip(self.params, saved["params"]):
+                p.copy_(v)
+        self.method.load_state_dict(saved["method"])
 
     # ---- epochs, evaluation, checkpoints -------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
