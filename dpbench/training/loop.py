@@ -39,6 +39,7 @@ from dpbench.training.checkpoint import (
 )
 from dpbench.training.per_example import PerExampleGradients
 from dpbench.training.step import Release, nonprivate_gradient, private_release
+from dpbench.utils.seeding import seed_everything, stream_generator
 from dpbench.utils.stats import quantile_summary
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class Trainer:
             raise ConfigError(f"method {method.name!r} combines per-example gradients and "
                               "needs them materialised: use trainer.grad_sample_mode=hooks "
                               "or functorch, not ghost")
-        torch.manual_seed(seed)
+        seed_everything(seed, "model_configure")
         model = method.configure_model(model)
         if self.plan.private:
             errors = ModuleValidator.validate(model, strict=False)
@@ -150,8 +151,17 @@ class Trainer:
         self.clip_norm = privacy.clip_norm
         self.accountant = PrivacyAccountant(self.plan.accountant) if self.plan.private else None
         self.ledger = PrivacyLedger()
-        self.sampler_generator = torch.Generator().manual_seed(seed)
-        self.noise_generator = torch.Generator(device=self.device).manual_seed(seed + 1)
+        # one spawned seed per stream (dpbench/utils/seeding.py); all are checkpointed
+        self.generators: dict[str, torch.Generator] = {
+            "sampler": stream_generator(seed, "sampler"),
+            "noise": stream_generator(seed, "noise", self.device),
+            "method": stream_generator(seed, "method", self.device),
+            "task": stream_generator(seed, "task"),
+        }
+        self.sampler_generator = self.generators["sampler"]
+        self.noise_generator = self.generators["noise"]
+        task.generator = self.generators["task"]
+        seed_everything(seed, "global")  # what still draws from torch's global RNG (dropout)
         self.train_loader = DPDataLoader(data.train, sample_rate=self.plan.sample_rate,
                                          generator=self.sampler_generator)
         self.test_loader = DataLoader(data.test, batch_size=trainer.eval_batch_size)
@@ -175,7 +185,8 @@ class Trainer:
             noise_multiplier=self.plan.noise_multiplier, clip_norm=self.clip_norm,
             expected_batch_size=self.plan.expected_batch_size,
             sample_rate=self.plan.sample_rate, dataset_size=len(self.data.train),
-            total_steps=self.plan.total_steps, generator=self.noise_generator)
+            total_steps=self.plan.total_steps, generator=self.noise_generator,
+            method_generator=self.generators["method"])
 
     def _account(self, release: Release) -> None:
         sigma = self.ledger.record(self.plan.sample_rate, release.queries)
@@ -260,8 +271,8 @@ class Trainer:
             "accountant": self.accountant.state_dict() if self.accountant else None,
             "ledger": self.ledger.state_dict(), "history": self.history,
             "step_history": self.step_history,
-            "sampler_generator": self.sampler_generator.get_state(),
-            "noise_generator": self.noise_generator.get_state(), "rng": rng_state(),
+            "generators": {name: g.get_state() for name, g in self.generators.items()},
+            "rng": rng_state(),
             "wall_time_s": self.wall_time_s, "skipped_steps": self.skipped_steps,
             "noise_multiplier": self.plan.noise_multiplier,
         }
@@ -279,9 +290,9 @@ class Trainer:
         self.ledger.load_state_dict(state["ledger"])
         self.history = list(state["history"])
         self.step_history = list(state.get("step_history", []))
-        self.sampler_generator.set_state(state["sampler_generator"])
-        self.noise_generator.set_state(state["noise_generator"].to(
-            self.noise_generator.get_state().device))
+        for name, saved in state["generators"].items():
+            generator = self.generators[name]
+            generator.set_state(saved.to(generator.get_state().device))
         set_rng_state(state["rng"])
         self.epoch, self.step = state["epoch"], state["step"]
         self.wall_time_s, self.skipped_steps = state["wall_time_s"], state["skipped_steps"]

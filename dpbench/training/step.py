@@ -104,7 +104,7 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
                     c[~kept.to(c.device)] = 0.0
                 norms = torch.where(kept.to(norms.device), norms, torch.zeros_like(norms))
                 loss = loss[kept.to(loss.device)]
-            if task.observes_gradients:  # diagnostics only (off by default)
+            if task.observes_gradients and bool(kept.any()):  # diagnostics only (off by default)
                 task.observe_per_example_gradients(
                     {k: g[kept.to(g.device)] for k, g in zip(engine.names, combined)},
                     norms[kept.to(norms.device)], ctx.clip_norm)
