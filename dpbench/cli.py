@@ -22,11 +22,13 @@ from dpbench.config.schema import register_schemas
 from dpbench.errors import DPBenchError
 from dpbench.logging.results import RESULTS_NAME, failed_record, write_record
 from dpbench.utils.io import atomic_write_bytes
+from dpbench.utils.paths import check_path_values, check_run_dir, register_path_resolver
 
 log = logging.getLogger("dpbench")
 CONF_DIR = os.environ.get("DPBENCH_CONFIG_DIR",
                           str(Path(__file__).resolve().parent.parent / "conf"))
 register_schemas()
+register_path_resolver()
 
 
 def _remove_if_fresh(run_dir: Path, existed_before: bool) -> None:
@@ -100,6 +102,8 @@ def run_job(cfg: DictConfig) -> dict | None:
     expected = Exception if multirun else (DPBenchError, TypeError, ValueError, ImportError,
                                            OSError)
     try:
+        check_path_values(cfg)
+        check_run_dir(run_dir, list(hc.overrides.hydra))
         if cfg.trainer.get("resume") and results.exists():
             record = _completed_record(cfg, results)
             if record is not None:

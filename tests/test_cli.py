@@ -147,3 +147,33 @@ def test_demo_default_needs_no_data_root(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert dpbench(monkeypatch, *QUIET, "trainer.epochs=1") == 0
     assert Path(next((tmp_path / "outputs").rglob("results.json"))).exists()
+
+
+@pytest.mark.parametrize("override,key", [
+    ("privacy.name=../../../../../escaped", "privacy.name"),
+    ("method.name=/tmp/escaped", "method.name"),
+    ("run_name=..", "run_name"),
+])
+def test_a_name_with_path_separators_is_refused_and_writes_nothing_outside(
+        tmp_path, monkeypatch, capsys, override, key):
+    """A group's ``name`` becomes a folder: '../' must neither escape outputs/ nor train."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert dpbench(monkeypatch, *QUIET, "trainer.epochs=1", override) == 2
+    err = capsys.readouterr().err
+    assert f"{key}=" in err and len(err.strip().splitlines()) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["work"]  # nothing next to work/
+    assert not list(work.rglob("results.json")) and not list(work.rglob("*escaped*"))
+
+
+def test_path_component_makes_any_value_one_folder_name():
+    from dpbench.utils.paths import check_inside, path_component
+
+    for value in ("../../x", "/etc/passwd", "..", ".", "", "a\\..\\b", "a\nb", "x=../y,z=1"):
+        name = path_component(value)
+        assert "/" not in name and "\\" not in name and name.strip(".") and "\n" not in name
+        assert check_inside(Path("outputs/runs") / name, "outputs/runs", "k")
+    assert path_component("dpsgd-digits-mlp-eps3-s0") == "dpsgd-digits-mlp-eps3-s0"
+    assert path_component("method.optimizer.lr=0.5,trainer.epochs=1") == (
+        "method.optimizer.lr=0.5,trainer.epochs=1")
