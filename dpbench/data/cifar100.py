@@ -39,7 +39,10 @@ def build_cifar100(root=None, download: bool = True, train_subset: int | None = 
     for train in (True, False):
         try:
             ds = CIFAR100(str(target), train=train, download=download)
-        except RuntimeError as err:  # "Dataset not found or corrupted" with download off
+        except RuntimeError as err:  # "Dataset not found or corrupted"
+            if download:  # downloaded, but the archive failed its checksum
+                raise DataError(f"CIFAR-100 under {target} is corrupt after the download "
+                                f"({err}); remove it and retry") from err
             raise DataError(f"CIFAR-100 not found under {target} and dataset.download is "
                             "false; set paths.data_root to a folder holding "
                             "cifar-100-python") from err

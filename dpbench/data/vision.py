@@ -64,7 +64,12 @@ def _torchvision_split(cls, root: Path | None, download: bool):
             data = ds.data if isinstance(ds.data, torch.Tensor) else torch.as_tensor(ds.data)
             out.append((data, torch.as_tensor(ds.targets, dtype=torch.long)))
         return out
-    except RuntimeError as err:  # "Dataset not found or corrupted"
+    except RuntimeError as err:  # "Dataset not found or corrupted", or "Error downloading"
+        if download:
+            raise DataError(
+                f"{cls.__name__} is not under {target} and the download failed ({err}); "
+                "check the network, or set paths.data_root (or DPBENCH_DATA_ROOT) to a folder "
+                "that holds it") from err
         log.info("torchvision %s not found under %s: %s", cls.__name__, target, err)
         return None
     except OSError as err:  # no network
