@@ -1,10 +1,9 @@
-"""Every rejected input of README's "Bad input" table, through the real CLI: exit code != 0,
-a message naming the problem, and nothing left in the run directory."""
+"""Every rejected input of the bad-input table in docs/reliability.md, through the real CLI:
+exit code != 0, a message naming the problem, and nothing left in the run directory."""
 
 from __future__ import annotations
 
 import gzip
-import shutil
 from pathlib import Path
 
 import pytest
@@ -13,12 +12,13 @@ from dpbench.cli import _hydra_entry
 from dpbench.methods import METHODS, method_names
 from dpbench.methods.base import DPMethod
 from tests.cli_helpers import run_cli
+from tests.fixtures.synthetic import write_mnist_copy
 
 BASE = ("model.hidden=16", "trainer.epochs=1", "trainer.batch_size=64")
 HYDRA = 1  # Hydra rejects an unknown config group option itself (exit 1, lists the options)
 DPBENCH = 2  # dpbench's ConfigError / DataError (exit 2)
 
-#: (row id, overrides, exit code, message fragment) -- README "Bad input", one test each
+#: (row id, overrides, exit code, message fragment): docs/reliability.md, one test per row
 ROWS = [
     ("epsilon<=0", ["privacy.target_epsilon=0"], DPBENCH,
      "privacy.target_epsilon must be a number > 0"),
@@ -99,15 +99,12 @@ def test_method_on_a_task_it_does_not_support(monkeypatch, tmp_path, capfd):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "corrupt"])
-def test_corrupt_or_truncated_data_file(damage, shared_data, monkeypatch, tmp_path, capfd):
+def test_corrupt_or_truncated_data_file(damage, monkeypatch, tmp_path, capfd):
     root = tmp_path / "data"
-    (root / "mnist").mkdir(parents=True)
-    images = shared_data / "mnist" / "t10k-images-idx3-ubyte.gz"
-    labels = shared_data / "mnist" / "t10k-labels-idx1-ubyte.gz"
-    shutil.copy(labels, root / "mnist" / labels.name)
-    target = root / "mnist" / images.name
+    write_mnist_copy(root, n=400)
+    target = root / "mnist" / "t10k-images-idx3-ubyte.gz"
     if damage == "truncated":
-        target.write_bytes(images.read_bytes()[:5000])
+        target.write_bytes(target.read_bytes()[:5000])
     else:
         target.write_bytes(gzip.compress(b"\x00\x00\x08\x03 not an idx file"))
     code, output, run_dir = _run(monkeypatch, tmp_path, [

@@ -3,7 +3,7 @@
 Order of preference for each data set, given ``root`` (``paths.data_root``):
 1. torchvision's own layout under root (``MNIST/raw``, ``FashionMNIST/raw``,
    ``cifar-10-batches-py``): the official train/test split;
-2. the small copies laid out as in ``shared/data`` (MNIST 10k test set, 1000 Fashion-MNIST
+2. the small offline copies of docs/data.md (MNIST 10k test set, 1000 Fashion-MNIST
    images, CIFAR-10 test JPEGs): a fixed 80/20 split of what is there, recorded in the run's
    ``data_notes``;
 3. torchvision's download (users' machines) when ``download`` is true.

@@ -1,6 +1,6 @@
 """THE loop: Poisson sampling, the method's stages, the Gaussian release, the accountant.
 
-One logical step (DESIGN.md): sample a Poisson batch -> ``private_release`` (per-example
+One logical step (docs/privacy.md): sample a Poisson batch -> ``private_release`` (per-example
 gradients at the method's evaluation points, combination, clipping, noise, extra queries) ->
 ledger + accountant -> ``method.postprocess`` -> ``method.update`` -> ``method.after_step``.
 The loop knows neither the task nor the logging sinks; both come in from outside.

@@ -3,7 +3,7 @@
 This module and the accountant are the only code that touches raw data or noise. Methods
 supply evaluation points, clip factors and extra queries; the release is always
 ``g = (sum_i w_i u_i + N(0, (sigma_g S)^2 I)) / B`` with S the method's sensitivity and B the
-*expected* batch size (METHODS.md, shared core).
+*expected* batch size (docs/privacy.md).
 """
 
 from __future__ import annotations
