@@ -52,8 +52,9 @@ def record_row(record: Any) -> dict[str, Any]:
                 isinstance(value, bool) and bool not in types)):
             raise Unreadable(f"{key} has the wrong type ({type(value).__name__}: "
                              f"{str(value)[:40]!r})")
-    row = {k: v for k, v in record.items()
-           if k not in ("config", "history", "metrics", "privacy_ledger", "method_summary")
+    row = {k: v for k, v in record.items()  # private_diagnostics: never shown
+           if k not in ("config", "history", "metrics", "privacy_ledger", "method_summary",
+                        "private_diagnostics")
            and (v is None or isinstance(v, (str, int, float, bool)))}
     for k, v in (record.get("metrics") or {}).items():
         if _is_number(v) or v is None:
