@@ -392,6 +392,8 @@ class Trainer:
             "accountant": self.accountant.mechanism if self.accountant else None,
             "clip_norm": self.clip_norm if self.plan.private else None,
             "dataset_size": len(self.data.train),
+            # what one "example" of epsilon protects (time series: window or observation)
+            "privacy_unit": self.data.extras.get("privacy_unit", "example"),
             "metrics": metrics,
             "history": self.history,
             "step_history": self.step_history,
