@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from hydra.core.config_store import ConfigStore
 
 from dpbench.errors import ConfigError
-from dpbench.privacy.accountant import ACCOUNTANTS
+from dpbench.privacy.accountant import DEFAULT_ACCOUNTANT, check_accountant
 from dpbench.training.per_example import GRAD_SAMPLE_MODES
 
 
@@ -31,8 +31,8 @@ class PrivacyConfig:
     name: str = "eps3"
     enabled: bool = True
     target_epsilon: float | None = 3.0
-    delta: float | None = None  # None: min(1e-5, 1/N'), N' = N rounded up to a power of ten
-    accountant: str = "prv"
+    delta: float | None = None  # None: min(1e-5, 1/N'), N' the smallest power of ten > N
+    accountant: str = DEFAULT_ACCOUNTANT  # pld | prv | rdp (docs/accounting.md)
     clip_norm: float = 1.0
     noise_multiplier: float | None = None  # fixed sigma instead of a target epsilon
 
@@ -49,9 +49,7 @@ class PrivacyConfig:
         if self.delta is not None and not (0 < self.delta < 1):
             raise ConfigError(f"privacy.delta must be in (0, 1/N) (got {self.delta!r})")
         _positive("privacy.clip_norm", self.clip_norm)
-        if self.accountant not in ACCOUNTANTS:
-            raise ConfigError(f"privacy.accountant must be one of {', '.join(ACCOUNTANTS)} "
-                              f"(got {self.accountant!r})")
+        check_accountant(self.accountant)
 
 
 @dataclass
