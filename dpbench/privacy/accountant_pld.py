@@ -93,6 +93,7 @@ def interval_for(total_steps: int) -> float:
     return _ladder_at_most(INTERVAL_SCALE / math.sqrt(max(total_steps, 1)))
 
 
+@functools.lru_cache(maxsize=256)
 def _loss_span(sigma: float, q: float) -> float:
     """Return the width of one step's privacy-loss support that connect-the-dots grids."""
     from dp_accounting.pld import privacy_loss_mechanism as plm
@@ -128,6 +129,9 @@ def _composed_points(base: Any, steps: int) -> int:
     points = 0
     for pmf in (base._pmf_remove, base._pmf_add):  # dp-accounting keeps no public accessor
         probs = pmf.to_dense_pmf()._probs
+        if steps * (len(probs) - 1) + 1 <= COMPOSED_POINTS_CAP:  # the untruncated length fits
+            points = max(points, steps * (len(probs) - 1) + 1)
+            continue
         lower, upper = common.compute_self_convolve_bounds(probs, steps, TAIL_MASS)
         points = max(points, upper - lower + 1, len(probs))
     return points
