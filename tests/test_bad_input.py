@@ -46,7 +46,7 @@ ROWS = [
     ("unknown model group", ["model=nosuch"], HYDRA, "Could not find 'model/nosuch'"),
     ("unknown model name", ["model.name=nosuch"], DPBENCH, "unknown model 'nosuch'"),
     ("unknown accountant", ["privacy.accountant=nosuch"], DPBENCH,
-     "privacy.accountant must be one of prv, rdp, gdp"),
+     "privacy.accountant must be one of pld, prv, rdp"),
     ("unknown grad-sample mode", ["trainer.grad_sample_mode=nosuch"], DPBENCH,
      "trainer.grad_sample_mode must be one of"),
     ("unknown nonfinite policy", ["trainer.nonfinite=nosuch"], DPBENCH,

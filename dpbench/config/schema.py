@@ -15,7 +15,7 @@ import torch
 from hydra.core.config_store import ConfigStore
 
 from dpbench.errors import ConfigError
-from dpbench.privacy.accountant import ACCOUNTANTS
+from dpbench.privacy.accountant import DEFAULT_ACCOUNTANT, check_accountant
 from dpbench.training.per_example import GRAD_SAMPLE_MODES
 
 
@@ -50,8 +50,8 @@ class PrivacyConfig:
     name: str = "eps3"
     enabled: bool = True
     target_epsilon: float | None = 3.0
-    delta: float | None = None  # None: min(1e-5, 1/N'), N' = N rounded up to a power of ten
-    accountant: str = "prv"
+    delta: float | None = None  # None: min(1e-5, 1/N'), N' the smallest power of ten > N
+    accountant: str = DEFAULT_ACCOUNTANT  # pld | prv | rdp (docs/accounting.md)
     clip_norm: float = 1.0
     noise_multiplier: float | None = None  # fixed sigma instead of a target epsilon
 
@@ -84,9 +84,7 @@ class PrivacyConfig:
         if math.isinf(self.clip_norm):
             raise ConfigError("privacy.clip_norm must be finite (got inf): an infinite bound "
                               "clips nothing and the noise scaled to it is infinite")
-        if self.accountant not in ACCOUNTANTS:
-            raise ConfigError(f"privacy.accountant must be one of {', '.join(ACCOUNTANTS)} "
-                              f"(got {self.accountant!r})")
+        check_accountant(self.accountant)
 
 
 @dataclass

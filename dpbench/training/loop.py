@@ -26,7 +26,12 @@ from dpbench.config.schema import PrivacyConfig, TrainerConfig
 from dpbench.data.base import TaskData
 from dpbench.errors import ConfigError, PrivacyError, TrainingDiverged
 from dpbench.methods.base import DPMethod, RunInfo, StepContext
-from dpbench.privacy import PrivacyAccountant, PrivacyLedger, calibrate_noise_multiplier
+from dpbench.privacy import (
+    PrivacyAccountant,
+    PrivacyLedger,
+    calibrate_noise_multiplier,
+    check_accountable,
+)
 from dpbench.privacy import default_delta as compute_default_delta
 from dpbench.tasks.base import Task
 from dpbench.training.batches import move_to
@@ -106,6 +111,7 @@ def plan_privacy(privacy: PrivacyConfig, trainer: TrainerConfig, dataset_size: i
         raise ConfigError(f"privacy.delta must be < 1/N = {1.0 / n:.3g} (got {delta:.3g})")
     if privacy.noise_multiplier is not None:
         sigma, accountant, target = float(privacy.noise_multiplier), privacy.accountant, None
+        check_accountable(sigma, q, total, delta, accountant)
     else:
         sigma, accountant = calibrate_noise_multiplier(
             privacy.target_epsilon, delta, q, total, privacy.accountant)
