@@ -69,6 +69,7 @@ def test_type_errors_fail_at_composition():
 @pytest.mark.parametrize("kwargs,key", [
     ({"noise_multiplier": 0.5, "target_epsilon": 1.0}, "privacy.noise_multiplier"),
     ({"enabled": False, "target_epsilon": 3.0}, "privacy.enabled=false"),
+    ({"enabled": False, "target_epsilon": None, "delta": 1e-6}, "privacy.delta=1e-06"),
     ({"clip_norm": float("inf")}, "privacy.clip_norm must be finite"),
 ])
 def test_privacy_schema_refuses_settings_it_would_ignore(kwargs, key):
