@@ -3,7 +3,9 @@
 Prints a method x epsilon table (mean +- std over seeds, markdown) and writes, into DIR:
 ``report.md``, ``report.csv`` (the aggregated table), ``report.tex`` (LaTeX), ``runs.csv``
 (one row per run, failed ones with their error) and ``privacy_utility.png``.
-A failed run shows as failed, not missing.
+A failed run shows as failed, not missing; a results.json that cannot be reported (not a
+record, missing keys, wrong types) is listed as unreadable with the reason, and the rest is
+still reported. Text is escaped for markdown tables and LaTeX.
 """
 
 from __future__ import annotations
@@ -235,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="dpbench-report",
         description="Gather results.json files under DIR into a method x epsilon table "
                     "(mean ± std over seeds; markdown on stdout; CSV, LaTeX, runs.csv and a "
-                    "privacy-utility PNG written into DIR). Failed runs are listed as failed.")
+                    "privacy-utility PNG written into DIR). Failed runs are listed as failed, "
+                    "unreadable results.json files with the reason.")
     parser.add_argument("dir", help="a sweep directory, e.g. outputs/multirun/<sweep>")
     parser.add_argument("--metric", default="accuracy",
                         help="metric from results.json's metrics (default: accuracy)")

@@ -59,7 +59,8 @@ class PrivacyConfig:
         if not self.enabled:
             ignored = [f"privacy.{k}={v!r}" for k, v in (
                 ("target_epsilon", self.target_epsilon),
-                ("noise_multiplier", self.noise_multiplier)) if v is not None]
+                ("noise_multiplier", self.noise_multiplier), ("delta", self.delta))
+                if v is not None]
             if ignored:
                 raise ConfigError(f"privacy.enabled=false (no noise, epsilon = inf) would ignore "
                                   f"{', '.join(ignored)}; drop it or pick a private option "
