@@ -92,7 +92,12 @@ class TrainerConfig:
 
 
 def register_schemas() -> None:
-    """Register the schemas so ``conf/privacy`` and ``conf/trainer`` files are type-checked."""
+    """Register the schemas so ``conf/privacy``, ``conf/trainer`` and ``conf/method`` files
+    are type-checked; each method's settings dataclass is ``method/settings/<name>``."""
+    from dpbench.methods import METHODS
+
     cs = ConfigStore.instance()
     cs.store(group="privacy", name="privacy_schema", node=PrivacyConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+    for name in METHODS.names():
+        cs.store(group="method/settings", name=name, node=METHODS.get(name).settings_cls)
