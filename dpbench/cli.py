@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -21,11 +20,10 @@ from omegaconf import DictConfig, OmegaConf
 from dpbench.config.schema import register_schemas
 from dpbench.errors import DPBenchError
 from dpbench.logging.results import RESULTS_NAME, failed_record, write_record
+from dpbench.utils.conf import CONF_DIR
 from dpbench.utils.io import atomic_write_bytes
 
 log = logging.getLogger("dpbench")
-CONF_DIR = os.environ.get("DPBENCH_CONFIG_DIR",
-                          str(Path(__file__).resolve().parent.parent / "conf"))
 register_schemas()
 
 

@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 
 from dpbench.errors import ConfigError
 from dpbench.privacy.accountant import ACCOUNTANTS
-from dpbench.training.per_example import GRAD_SAMPLE_MODES
+from dpbench.utils.conf import GRAD_SAMPLE_MODES
 
 
 def _positive(key: str, value: float | None, allow_none: bool = False) -> None:

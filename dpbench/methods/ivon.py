@@ -32,7 +32,7 @@ from dpbench.errors import ConfigError
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod, EvalPoint, RunInfo, StepContext
 from dpbench.methods.settings import require
-from dpbench.training.per_example import parameters_at
+from dpbench.utils.tensors import parameters_at
 
 HESS_ESTIMATES = ("reparam", "gradsq")
 

@@ -28,7 +28,6 @@ from dpbench.methods.base import DPMethod, RunInfo, StepContext
 from dpbench.privacy import PrivacyAccountant, PrivacyLedger, calibrate_noise_multiplier
 from dpbench.privacy import default_delta as compute_default_delta
 from dpbench.tasks.base import Task
-from dpbench.training.batches import move_to
 from dpbench.training.checkpoint import (
     CHECKPOINT_NAME,
     load_checkpoint,
@@ -39,6 +38,7 @@ from dpbench.training.checkpoint import (
 from dpbench.training.per_example import PerExampleGradients
 from dpbench.training.step import Release, nonprivate_gradient, private_release
 from dpbench.utils.stats import quantile_summary
+from dpbench.utils.tensors import move_to
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,11 @@ import yaml
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from dpbench.cli import CONF_DIR, _hydra_entry
+from dpbench.cli import _hydra_entry
 from dpbench.errors import ConfigError
 from dpbench.experiment import build_method, build_trainer
 from dpbench.methods import get_method, method_names
+from dpbench.utils.conf import CONF_DIR
 from tests.cli_helpers import run_cli
 from tests.conftest import compose_config
 
