@@ -25,13 +25,12 @@ from omegaconf import DictConfig, OmegaConf
 from dpbench.config.schema import register_schemas
 from dpbench.errors import DataError, DPBenchError
 from dpbench.logging.results import RESULTS_NAME, failed_record, write_record
+from dpbench.utils.conf import CONF_DIR
 from dpbench.utils.io import atomic_write_bytes
 from dpbench.utils.lock import RunDirLock
 from dpbench.utils.paths import check_path_values, check_run_dir, register_path_resolver
 
 log = logging.getLogger("dpbench")
-CONF_DIR = os.environ.get("DPBENCH_CONFIG_DIR",
-                          str(Path(__file__).resolve().parent.parent / "conf"))
 register_schemas()
 register_path_resolver()
 

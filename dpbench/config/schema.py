@@ -16,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 
 from dpbench.errors import ConfigError
 from dpbench.privacy.accountant import DEFAULT_ACCOUNTANT, check_accountant
-from dpbench.training.per_example import GRAD_SAMPLE_MODES
+from dpbench.utils.conf import GRAD_SAMPLE_MODES
 
 
 def _is_number(value: Any) -> bool:
@@ -206,7 +206,12 @@ def check_privacy_matches_method(method_name: str, method_private: bool,
 
 
 def register_schemas() -> None:
-    """Register the schemas so ``conf/privacy`` and ``conf/trainer`` files are type-checked."""
+    """Register the schemas so ``conf/privacy``, ``conf/trainer`` and ``conf/method`` files
+    are type-checked; each method's settings dataclass is ``method/settings/<name>``."""
+    from dpbench.methods import METHODS
+
     cs = ConfigStore.instance()
     cs.store(group="privacy", name="privacy_schema", node=PrivacyConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+    for name in METHODS.names():
+        cs.store(group="method/settings", name=name, node=METHODS.get(name).settings_cls)

@@ -41,9 +41,9 @@ from dpbench.tasks.ts_metrics import (
     crps_empirical,
     point_metrics,
 )
-from dpbench.training.batches import move_to
 from dpbench.utils.seeding import stream_generator
 from dpbench.utils.stats import quantile_summary
+from dpbench.utils.tensors import move_to
 
 NORM_SAMPLE_SIZE = 2000  # per-example norms kept per evaluation for histograms
 

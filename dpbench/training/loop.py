@@ -34,7 +34,6 @@ from dpbench.privacy import (
 )
 from dpbench.privacy import default_delta as compute_default_delta
 from dpbench.tasks.base import Task
-from dpbench.training.batches import move_to
 from dpbench.training.checkpoint import (
     CHECKPOINT_NAME,
     load_checkpoint,
@@ -46,6 +45,7 @@ from dpbench.training.per_example import PerExampleGradients
 from dpbench.training.step import Release, nonprivate_gradient, private_release
 from dpbench.utils.seeding import seed_everything, stream_generator
 from dpbench.utils.stats import quantile_summary
+from dpbench.utils.tensors import move_to
 
 log = logging.getLogger(__name__)
 

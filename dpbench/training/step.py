@@ -17,7 +17,8 @@ from dpbench.methods.base import DPMethod, ExtraQuery, StepContext, gradient_que
 from dpbench.privacy.ledger import Query
 from dpbench.tasks.base import Task
 from dpbench.training.batches import batch_size, physical_chunks, select_rows
-from dpbench.training.per_example import PerExampleGradients, flat_norms, parameters_at
+from dpbench.training.per_example import PerExampleGradients, flat_norms
+from dpbench.utils.tensors import parameters_at
 
 SENSITIVITY_SLACK = 1e-4  # relative slack for float round-off in the sensitivity check
 
