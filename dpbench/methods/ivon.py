@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,7 +31,9 @@ from torch import nn
 from dpbench.errors import ConfigError
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod, EvalPoint, RunInfo, StepContext
-from dpbench.training.per_example import parameters_at
+from dpbench.methods.settings import require
+from dpbench.utils.seeding import stream_generator
+from dpbench.utils.tensors import parameters_at
 
 HESS_ESTIMATES = ("reparam", "gradsq")
 
@@ -38,7 +41,7 @@ HESS_ESTIMATES = ("reparam", "gradsq")
 def noise_corrected_square(g: torch.Tensor, noise_var: float) -> torch.Tensor:
     """Return g^2 - sigma_w^2: unbiased for the clean g_0^2 when g = g_0 + N(0, sigma_w^2).
 
-    E[(g_0 + w)^2] = g_0^2 + sigma_w^2 (METHODS.md section 3); the projection max(., 0) that
+    E[(g_0 + w)^2] = g_0^2 + sigma_w^2 (docs/ivon.md); the projection max(., 0) that
     follows makes the estimate non-negative (and biased up where |g_0| << sigma_w).
     """
     return g.square() - noise_var
@@ -135,6 +138,26 @@ class IVONOptimizer(torch.optim.Optimizer):
                            "call ivon_step(grads, curvature)")
 
 
+@dataclass
+class IVONSettings:
+    """``method.settings`` of IVON (and, with ``hess=gradsq``, of DP-IVON)."""
+
+    hess: str = "reparam"  # reparam | gradsq
+    mc_samples: int = 1  # posterior samples per step (gradients averaged; reparam needs 1)
+    correction: bool = True  # gradsq only: subtract the DP noise variance (0 when non-private)
+    eval_samples: int = 32  # S for Bayesian model averaging at evaluation (0: at the mean)
+    eval_seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.hess in HESS_ESTIMATES, "hess", f"one of {HESS_ESTIMATES}", self.hess)
+        require(self.mc_samples >= 1, "mc_samples", "an integer >= 1", self.mc_samples)
+        if self.hess == "reparam" and self.mc_samples != 1:
+            raise ConfigError("method.settings.hess=reparam needs mc_samples=1: the loop "
+                              "averages the samples' gradients, so g * (theta - m) per sample "
+                              "is not available; use hess=gradsq for mc_samples > 1")
+        require(self.eval_samples >= 0, "eval_samples", "an integer >= 0", self.eval_samples)
+
+
 @register_method("ivon")
 class IVON(DPMethod):
     """Non-private IVON with the reparameterised Hessian estimate (``hess=reparam``).
@@ -147,34 +170,12 @@ class IVON(DPMethod):
 
     private = False
     tasks = frozenset({"classification"})
+    settings_cls = IVONSettings
 
     def __init__(self, optimizer=None, **settings: Any) -> None:
         super().__init__(optimizer=optimizer or IVONOptimizer, **settings)
         self._offsets: list[list[torch.Tensor]] = []
         self._diag = {"steps": 0, "zero_fraction_sum": 0.0, "last_zero_fraction": 0.0}
-
-    @classmethod
-    def settings_defaults(cls) -> dict[str, Any]:
-        return {"hess": "reparam", "mc_samples": 1, "correction": True, "eval_samples": 32,
-                "eval_seed": 0}
-
-    def validate(self, info: RunInfo) -> None:
-        s = self.settings
-        if s["hess"] not in HESS_ESTIMATES:
-            raise ConfigError(f"method.settings.hess must be one of {HESS_ESTIMATES} "
-                              f"(got {s['hess']!r})")
-        if not isinstance(s["mc_samples"], int) or s["mc_samples"] < 1:
-            raise ConfigError(f"method.settings.mc_samples must be an integer >= 1 "
-                              f"(got {s['mc_samples']!r})")
-        if s["hess"] == "reparam" and s["mc_samples"] != 1:
-            raise ConfigError("method.settings.hess=reparam needs mc_samples=1: the loop "
-                              "averages the samples' gradients, so g * (theta - m) per sample "
-                              "is not available; use hess=gradsq for mc_samples > 1")
-        if not isinstance(s["eval_samples"], int) or s["eval_samples"] < 0:
-            raise ConfigError(f"method.settings.eval_samples must be an integer >= 0 "
-                              f"(got {s['eval_samples']!r})")
-        if not isinstance(s["correction"], bool):
-            raise ConfigError("method.settings.correction must be true or false")
 
     def setup(self, params: list[nn.Parameter], info: RunInfo) -> None:
         super().setup(params, info)
@@ -198,10 +199,10 @@ class IVON(DPMethod):
         """Return S posterior samples theta_s = m + e_s / sqrt(lambda (h + delta)), weight 1/S.
 
         The loop averages the S gradients per example before clipping, so S > 1 costs no
-        privacy (METHODS.md section 3). The offsets are kept for the reparameterised estimate.
+        privacy (docs/ivon.md). The offsets are kept for the reparameterised estimate.
         """
         s = self.settings["mc_samples"]
-        self._offsets = [self.ivon.sample_offsets(ctx.generator) for _ in range(s)]
+        self._offsets = [self.ivon.sample_offsets(ctx.method_generator) for _ in range(s)]
         return [EvalPoint(weight=1.0 / s, offsets=o) for o in self._offsets]
 
     # ---- stage 8: the IVON update --------------------------------------------------------
@@ -219,7 +220,7 @@ class IVON(DPMethod):
         """Return lambda * v_hat, v_hat = max(g^2 - sigma_w^2, 0) (corrected) or g^2.
 
         sigma_w^2 = (sigma C / B)^2 = ``ctx.noise_std ** 2`` is the per-coordinate variance of
-        the privacy noise in g (METHODS.md section 3); it is 0 for a non-private run.
+        the privacy noise in g (docs/ivon.md); it is 0 for a non-private run.
         """
         noise_var = ctx.noise_std ** 2 if self.settings["correction"] else 0.0
         v_hat = [noise_corrected_square(g, noise_var).clamp(min=0.0) for g in grads]
@@ -292,7 +293,7 @@ class IVON(DPMethod):
         def predict(x: torch.Tensor) -> torch.Tensor:
             log_probs = []
             for i in range(samples):  # regenerate sample i per batch: no S x params memory
-                gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + i)
+                gen = stream_generator(seed, "method_eval", device, i)
                 with parameters_at(self.params, self.ivon.sample_offsets(gen)):
                     log_probs.append(task.predict_log_proba(model, x))
             return torch.logsumexp(torch.stack(log_probs), dim=0) - math.log(samples)

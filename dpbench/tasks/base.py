@@ -15,6 +15,8 @@ class Task:
     name = ""
     #: opt in to ``observe_per_example_gradients`` (off by default: a pass over every g_i)
     observes_gradients: bool = False
+    #: the loop's stream for per-example draws in the loss (None: torch's global RNG)
+    generator: torch.Generator | None = None
     #: the observer reads only per-example norms of each layer's gradient: book-keeping may
     #: then pass one coordinate per layer holding that norm instead of the gradient itself
     observes_norms_only: bool = False
@@ -43,6 +45,14 @@ class Task:
 
     def step_metrics(self) -> dict[str, float]:
         """Return per-step diagnostics to log (e.g. from observed gradients)."""
+        return {}
+
+    def diagnostics_summary(self) -> dict[str, Any]:
+        """Return training diagnostics gathered since the last call (e.g. gradient norms); reset.
+
+        They are computed on private data and are *not* privatised: the loop stores them under
+        results.json's ``private_diagnostics``, never in the headline ``metrics``.
+        """
         return {}
 
     def state_dict(self) -> dict[str, Any]:

@@ -124,25 +124,36 @@ class BookKeepingGradients:
 
     def ghost_clipped_sum(
         self, loss_fn: LossFn, batch, factors_fn: Callable[[torch.Tensor], torch.Tensor]
-    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Return (sum_i f_i g_i per parameter, norms, factors, losses); g_i never built."""
+    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return (sum_i f_i g_i per parameter, norms, factors, kept losses, kept); no g_i built.
+
+        The interface of ``PerExampleGradients.ghost_clipped_sum``: an example whose loss or
+        norm is non-finite is dropped (norm and factor 0, ``kept`` False, its loss left out);
+        its loss is masked before the single backward and its rows are zeroed before the
+        clipped sums (0 * inf would be NaN), so no second pass is needed.
+        """
         losses, finite, layers = self._forward_backward(loss_fn, batch)
         self._layer_norm_sq = {m: self._rules[m].norm_sq(m, a, g) for m, (a, g) in layers.items()}
         norm_sq = sum(self._layer_norm_sq.values()) if layers else torch.zeros_like(losses)
         norms = norm_sq.sqrt()
-        factors = factors_fn(norms)
-        if factors.dtype != norms.dtype:
-            factors = factors.to(norms.dtype)
-        if finite is not None or not bool(torch.isfinite(norm_sq.sum())):
-            # NaN/Inf example: contributes exactly 0 (its rows zeroed too: 0 * inf is NaN)
+        if finite is None and bool(torch.isfinite(norm_sq.sum())):
+            factors = factors_fn(norms).to(norms.dtype)
+            kept = torch.ones(len(norms), dtype=torch.bool)
+        else:  # NaN/Inf example: contributes exactly 0 (its rows zeroed too: 0 * inf is NaN)
             ok = torch.isfinite(norms) if finite is None else finite & torch.isfinite(norms)
-            factors = torch.where(ok, factors, torch.zeros_like(factors))
+            norms = torch.where(ok, norms, torch.zeros_like(norms))
+            factors = torch.where(ok, factors_fn(norms).to(norms.dtype), torch.zeros_like(norms))
             layers = {m: (_zero_rows(a, ok), _zero_rows(g, ok)) for m, (a, g) in layers.items()}
+            self._layer_norm_sq = {m: torch.where(ok, v, torch.zeros_like(v))
+                                   for m, v in self._layer_norm_sq.items()}
+            kept = ok.cpu()
+            losses = losses[ok]
         sums: dict[nn.Parameter, torch.Tensor] = {}
         for module, (a, g) in layers.items():
             sums.update(self._rules[module].clipped(module, a, g, factors))
         zeros = torch.zeros_like
-        return [sums[p] if p in sums else zeros(p) for p in self.params], norms, factors, losses
+        out = [sums[p] if p in sums else zeros(p) for p in self.params]
+        return out, norms, factors, losses, kept
 
     def layer_norms(self) -> dict[str, torch.Tensor]:
         """Return {layer name: [B, 1] per-example norm of its gradient} of the last call.

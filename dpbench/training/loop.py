@@ -1,6 +1,6 @@
 """THE loop: Poisson sampling, the method's stages, the Gaussian release, the accountant.
 
-One logical step (DESIGN.md): sample a Poisson batch -> ``private_release`` (per-example
+One logical step (docs/privacy.md): sample a Poisson batch -> ``private_release`` (per-example
 gradients at the method's evaluation points, combination, clipping, noise, extra queries) ->
 ledger + accountant -> ``method.postprocess`` -> ``method.update`` -> ``method.after_step``.
 The loop knows neither the task nor the logging sinks; both come in from outside.
@@ -8,6 +8,7 @@ The loop knows neither the task nor the logging sinks; both come in from outside
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -25,10 +26,14 @@ from dpbench.config.schema import PrivacyConfig, TrainerConfig
 from dpbench.data.base import TaskData
 from dpbench.errors import ConfigError, PrivacyError, TrainingDiverged
 from dpbench.methods.base import DPMethod, RunInfo, StepContext
-from dpbench.privacy import PrivacyAccountant, PrivacyLedger, calibrate_noise_multiplier
+from dpbench.privacy import (
+    PrivacyAccountant,
+    PrivacyLedger,
+    calibrate_noise_multiplier,
+    check_accountable,
+)
 from dpbench.privacy import default_delta as compute_default_delta
 from dpbench.tasks.base import Task
-from dpbench.training.batches import move_to
 from dpbench.training.checkpoint import (
     CHECKPOINT_NAME,
     load_checkpoint,
@@ -38,9 +43,18 @@ from dpbench.training.checkpoint import (
 )
 from dpbench.training.engines import CLIPPED_SUM_MODES, build_engine, choose_grad_sample_mode
 from dpbench.training.step import Release, nonprivate_gradient, private_release
+from dpbench.utils.seeding import seed_everything, stream_generator
 from dpbench.utils.stats import quantile_summary
+from dpbench.utils.tensors import move_to
 
 log = logging.getLogger(__name__)
+
+
+#: what results.json says about ``private_diagnostics`` (see docs/privacy-unit-and-streams.md)
+PRIVATE_DIAGNOSTICS_NOTE = (
+    "NOT PRIVATISED: computed on the training data without noise (e.g. per-example gradient "
+    "norms). Not covered by epsilon; do not publish. Headline metrics are computed on test "
+    "data or from released (noisy) quantities only.")
 
 
 class Callback:
@@ -65,6 +79,11 @@ class PrivacyPlan:
     noise_multiplier: float
     accountant: str | None
     target_epsilon: float | None
+
+
+def _finite(*groups: Any) -> bool:
+    """Return whether every tensor in ``groups`` (iterables of tensors) is finite."""
+    return all(bool(torch.isfinite(t).all()) for group in groups for t in group)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -92,6 +111,7 @@ def plan_privacy(privacy: PrivacyConfig, trainer: TrainerConfig, dataset_size: i
         raise ConfigError(f"privacy.delta must be < 1/N = {1.0 / n:.3g} (got {delta:.3g})")
     if privacy.noise_multiplier is not None:
         sigma, accountant, target = float(privacy.noise_multiplier), privacy.accountant, None
+        check_accountable(sigma, q, total, delta, accountant)
     else:
         sigma, accountant = calibrate_noise_multiplier(
             privacy.target_epsilon, delta, q, total, privacy.accountant)
@@ -126,7 +146,7 @@ class Trainer:
             raise ConfigError(f"method {method.name!r} combines per-example gradients and "
                               "needs them materialised: use trainer.grad_sample_mode=hooks "
                               f"or functorch, not {trainer.grad_sample_mode}")
-        torch.manual_seed(seed)
+        seed_everything(seed, "model_configure")
         model = method.configure_model(model)
         if self.plan.private:
             errors = ModuleValidator.validate(model, strict=False)
@@ -150,8 +170,17 @@ class Trainer:
         self.clip_norm = privacy.clip_norm
         self.accountant = PrivacyAccountant(self.plan.accountant) if self.plan.private else None
         self.ledger = PrivacyLedger()
-        self.sampler_generator = torch.Generator().manual_seed(seed)
-        self.noise_generator = torch.Generator(device=self.device).manual_seed(seed + 1)
+        # one spawned seed per stream (dpbench/utils/seeding.py); all are checkpointed
+        self.generators: dict[str, torch.Generator] = {
+            "sampler": stream_generator(seed, "sampler"),
+            "noise": stream_generator(seed, "noise", self.device),
+            "method": stream_generator(seed, "method", self.device),
+            "task": stream_generator(seed, "task"),
+        }
+        self.sampler_generator = self.generators["sampler"]
+        self.noise_generator = self.generators["noise"]
+        task.generator = self.generators["task"]
+        seed_everything(seed, "global")  # what still draws from torch's global RNG (dropout)
         self.train_loader = DPDataLoader(data.train, sample_rate=self.plan.sample_rate,
                                          generator=self.sampler_generator)
         self.test_loader = DataLoader(data.test, batch_size=trainer.eval_batch_size)
@@ -159,6 +188,7 @@ class Trainer:
         self.epoch = 0
         self.history: list[dict[str, Any]] = []
         self.step_history: list[dict[str, Any]] = []  # evaluations every eval_every_steps
+        self.private_history: list[dict[str, Any]] = []  # un-privatised task diagnostics
         self.wall_time_s = 0.0
         self.skipped_steps = 0
         self._resume_checked = self._resumed = False
@@ -175,7 +205,8 @@ class Trainer:
             noise_multiplier=self.plan.noise_multiplier, clip_norm=self.clip_norm,
             expected_batch_size=self.plan.expected_batch_size,
             sample_rate=self.plan.sample_rate, dataset_size=len(self.data.train),
-            total_steps=self.plan.total_steps, generator=self.noise_generator)
+            total_steps=self.plan.total_steps, generator=self.noise_generator,
+            method_generator=self.generators["method"])
 
     def _account(self, release: Release) -> None:
         sigma = self.ledger.record(self.plan.sample_rate, release.queries)
@@ -199,21 +230,9 @@ class Trainer:
         else:
             release = nonprivate_gradient(self.method, self.model, self.params, self.task,
                                           batch, ctx, physical)
-        finite = all(bool(torch.isfinite(g).all()) for g in release.grads)
-        if release.losses is not None and release.losses.numel():
-            finite = finite and bool(torch.isfinite(release.losses).all())
-        if not finite:
-            if self.settings.nonfinite == "stop":
-                raise TrainingDiverged(
-                    f"non-finite loss or gradient at step {self.step} (epoch {self.epoch}); "
-                    "the last good checkpoint is kept. Lower the learning rate, or set "
-                    "trainer.nonfinite=skip to skip such updates (they stay accounted)")
-            self.skipped_steps += 1
-        else:
-            grads = self.method.postprocess(release.grads, ctx)
-            self.method.update(grads, ctx)
-            self.method.after_step(release.noisy_extras, ctx)
+        self._apply(release, ctx)
         self.step += 1
+        # diagnostics of the examples kept (non-finite ones are dropped, see step.py)
         metrics = {"step": self.step, "batch_size": release.realised_batch,
                    "loss": float(release.losses.mean()) if release.losses.numel() else math.nan}
         if release.norms is not None and release.norms.numel():
@@ -223,9 +242,52 @@ class Trainer:
         metrics.update(self.task.step_metrics())
         return metrics
 
+    def _apply(self, release: Release, ctx: StepContext) -> None:
+        """Post-process and apply the release; skip or stop when it or the update is not finite.
+
+        Only released quantities decide: the noisy gradient and queries, their
+        post-processing and the updated parameters (a non-finite *example* never gets here: it
+        was dropped before the noise). A skipped update restores the model and method state.
+        """
+        skip = self.settings.nonfinite == "skip"
+        saved = self._snapshot() if skip else None
+        ok = _finite(release.grads, release.noisy_extras.values())
+        if ok:
+            grads = self.method.postprocess(release.grads, ctx)
+            ok = _finite(grads)
+        if ok:
+            self.method.update(grads, ctx)
+            self.method.after_step(release.noisy_extras, ctx)
+            ok = _finite(self.params)
+        if ok:
+            return
+        if not skip:
+            raise TrainingDiverged(
+                f"non-finite released gradient or update at step {self.step} (epoch "
+                f"{self.epoch}); the last good checkpoint is kept. Lower the learning rate, "
+                "or set trainer.nonfinite=skip to skip such updates (they stay accounted)")
+        self._restore(saved)
+        self.skipped_steps += 1
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {"params": [p.detach().clone() for p in self.params],
+                "method": copy.deepcopy(self.method.state_dict())}
+
+    def _restore(self, saved: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for p, v in zip(self.params, saved["params"]):
+                p.copy_(v)
+        self.method.load_state_dict(saved["method"])
+
     # ---- epochs, evaluation, checkpoints -------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
         return self.method.evaluate(self.task, self.model, self.test_loader, self.device)
+
+    def _collect_diagnostics(self, where: dict[str, int]) -> None:
+        """Append the task's un-privatised diagnostics since the last evaluation (if any)."""
+        diagnostics = self.task.diagnostics_summary()
+        if diagnostics:
+            self.private_history.append({**where, **diagnostics})
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -234,9 +296,9 @@ class Trainer:
             "task": self.task.state_dict(),
             "accountant": self.accountant.state_dict() if self.accountant else None,
             "ledger": self.ledger.state_dict(), "history": self.history,
-            "step_history": self.step_history,
-            "sampler_generator": self.sampler_generator.get_state(),
-            "noise_generator": self.noise_generator.get_state(), "rng": rng_state(),
+            "step_history": self.step_history, "private_history": self.private_history,
+            "generators": {name: g.get_state() for name, g in self.generators.items()},
+            "rng": rng_state(),
             "wall_time_s": self.wall_time_s, "skipped_steps": self.skipped_steps,
             "noise_multiplier": self.plan.noise_multiplier,
         }
@@ -254,9 +316,10 @@ class Trainer:
         self.ledger.load_state_dict(state["ledger"])
         self.history = list(state["history"])
         self.step_history = list(state.get("step_history", []))
-        self.sampler_generator.set_state(state["sampler_generator"])
-        self.noise_generator.set_state(state["noise_generator"].to(
-            self.noise_generator.get_state().device))
+        self.private_history = list(state.get("private_history", []))
+        for name, saved in state["generators"].items():
+            generator = self.generators[name]
+            generator.set_state(saved.to(generator.get_state().device))
         set_rng_state(state["rng"])
         self.epoch, self.step = state["epoch"], state["step"]
         self.wall_time_s, self.skipped_steps = state["wall_time_s"], state["skipped_steps"]
@@ -297,6 +360,7 @@ class Trainer:
                 if every and self.step % every == 0:
                     self.step_history.append({"step": self.step, "epsilon": self.epsilon(),
                                               **self.evaluate()})
+                    self._collect_diagnostics({"step": self.step})
             self.epoch += 1
             self.wall_time_s += time.perf_counter() - start
             last = self.epoch == self.settings.epochs
@@ -304,6 +368,7 @@ class Trainer:
                                    "epsilon": self.epsilon()}
             if last or self.epoch % self.settings.eval_every == 0:
                 row.update(self.evaluate())
+                self._collect_diagnostics({"epoch": self.epoch, "step": self.step})
             self.history.append(row)
             if self.settings.checkpoint and self.checkpoint_path is not None:
                 save_checkpoint(self.checkpoint_path, self.state_dict())
@@ -313,6 +378,13 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_run_end(self, result)
         return result
+
+    def private_diagnostics(self) -> dict[str, Any]:
+        """Return the un-privatised training diagnostics, apart from the headline metrics."""
+        final = self.private_history[-1] if self.private_history else {}
+        return {"note": PRIVATE_DIAGNOSTICS_NOTE,
+                "final": {k: v for k, v in final.items() if k not in ("epoch", "step")},
+                "history": self.private_history}
 
     def summary(self) -> dict[str, Any]:
         """Return the run's privacy facts, final metrics and history."""
@@ -333,9 +405,12 @@ class Trainer:
             "clip_norm": self.clip_norm if self.plan.private else None,
             "grad_sample_mode": self.grad_sample_mode,
             "dataset_size": len(self.data.train),
+            # what one "example" of epsilon protects (time series: window or observation)
+            "privacy_unit": self.data.extras.get("privacy_unit", "example"),
             "metrics": metrics,
             "history": self.history,
             "step_history": self.step_history,
+            "private_diagnostics": self.private_diagnostics(),
             "privacy_ledger": self.ledger.to_json(),
             "method_summary": self.method.summary(),
             "wall_time_s": self.wall_time_s,

@@ -111,7 +111,7 @@ def _reference_loop(model, loss_fn, batch):
 
 def _bk(model, loss_fn, batch):
     engine = BookKeepingGradients(model)
-    sums, norms, factors, _ = engine.ghost_clipped_sum(
+    sums, norms, factors, _, _ = engine.ghost_clipped_sum(
         loss_fn, batch, lambda n: (CLIP / (n + 1e-6)).clamp(max=1.0))
     return sums, norms, factors
 
@@ -200,6 +200,9 @@ def test_bk_nonfinite_example_contributes_zero():
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
     clean_sums, _, _ = _bk(copy.deepcopy(model), _ce, (x[1:], y[1:]))
     x[0, 0] = float("nan")
+    engine = BookKeepingGradients(model)
+    _, norms, _, losses, kept = engine.ghost_clipped_sum(_ce, (x, y), torch.ones_like)
+    assert kept.tolist() == [False, True, True, True] and norms[0] == 0 and len(losses) == 3
     sums, norms, factors = _bk(model, _ce, (x, y))
     assert factors[0] == 0 and all(bool(torch.isfinite(s).all()) for s in sums)
     _assert_close(sums, clean_sums)

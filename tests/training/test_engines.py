@@ -22,7 +22,7 @@ from tests.method_matrix import TINY
 def _trainer(*overrides: str):
     """Return a tiny digits trainer with a fixed sigma (no calibration: these tests are about
     the engine)."""
-    return build_trainer(compose_config(*TINY, "privacy.noise_multiplier=1.0", *overrides),
+    return build_trainer(compose_config(*TINY, "privacy=sigma", "privacy.noise_multiplier=1.0", *overrides),
                          None)
 
 
@@ -43,7 +43,8 @@ def test_auto_picks_hooks_where_gradients_must_be_materialised():
     assert choose_grad_sample_mode("auto", linear, dpsgd, task, materialise=True) == "hooks"
     prelu = nn.Sequential(nn.Linear(2, 2), nn.PReLU())  # no book-keeping rule
     assert choose_grad_sample_mode("auto", prelu, dpsgd, task) == "hooks"
-    assert _trainer("privacy=nonprivate").grad_sample_mode is None  # nothing to clip
+    nonprivate = build_trainer(compose_config(*TINY, "privacy=nonprivate"), None)
+    assert nonprivate.grad_sample_mode is None  # nothing to clip
 
 
 def test_bk_refused_for_methods_that_need_per_example_gradients():
