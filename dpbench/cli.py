@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from dpbench.config.schema import register_schemas
 from dpbench.errors import DPBenchError
 from dpbench.logging.results import RESULTS_NAME, failed_record, write_record
+from dpbench.tune.choices import apply_tuned
 from dpbench.utils.io import atomic_write_bytes
 
 log = logging.getLogger("dpbench")
@@ -100,6 +101,7 @@ def run_job(cfg: DictConfig) -> dict | None:
     expected = Exception if multirun else (DPBenchError, TypeError, ValueError, ImportError,
                                            OSError)
     try:
+        cfg = apply_tuned(cfg)  # tuned=FILE: this cell's stored dpbench-tune choice
         if cfg.trainer.get("resume") and results.exists():
             record = _completed_record(cfg, results)
             if record is not None:
