@@ -1,5 +1,5 @@
 """The claims table: each paper claim, the paper's number, dpbench's measurement with its 95 %
-CI, and a verdict reproduced / contradicted / inconclusive (docs/benchmark.md, "Claims").
+CI, and a verdict reproduced / contradicted / inconclusive (docs/tuning-and-claims.md, "Claims").
 
 A claim is declared in ``conf/reproduce/<paper>.yaml`` and evaluated on the runs its
 reproduction wrote. Kinds:

@@ -104,6 +104,19 @@ def paper_tables(spec: dict[str, Any], out: Path) -> str:
     return "\n".join(text)
 
 
+def paper_plots(spec: dict[str, Any], out: Path) -> None:
+    """Write the spec's Pareto scatters (``plots``), one per data set, over all its runs."""
+    from dpbench.analysis.plots import pareto
+
+    frame = load_frame(out)
+    for plot in spec.get("plots", []):
+        if frame.empty or not {plot["x"], plot["y"]} <= set(frame.columns):
+            continue
+        for dataset, group in frame.groupby("dataset"):
+            pareto(group, plot["x"], plot["y"], out / f"pareto_{dataset}_{plot['y']}.png",
+                   str(dataset))
+
+
 def paper_claims(paper: str, spec: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     """Return the evaluated claims of ``paper`` over every completed run under ``out``."""
     records = load_completed(out) if out.exists() else []
@@ -143,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         timings[paper] = time.perf_counter() - start
         if out.exists():
             (out / "tables.md").write_text(paper_tables(spec, out))
+            paper_plots(spec, out)
     rows = [row for paper in PAPERS for row in paper_claims(
         paper, load_spec(paper), args.out / "reproduce" / args.scale / paper)]
     claims_dir = args.out / "claims"

@@ -1,4 +1,4 @@
-"""Confidence intervals and verdicts for tables over seeds (docs/benchmark.md, "Statistics").
+"""Confidence intervals and verdicts for tables over seeds (docs/tuning-and-claims.md).
 
 Every number dpbench prints for a cell is a mean over seeds with a Student-t interval; a
 comparison with a baseline pairs the runs that share a seed and reports the t-interval of

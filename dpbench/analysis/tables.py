@@ -1,4 +1,4 @@
-"""Tables with intervals and verdicts, built from ``load_frame`` rows (docs/benchmark.md).
+"""Tables with intervals and verdicts, built from ``load_frame`` rows (docs/tuning-and-claims.md).
 
 - ``cell_table``: mean ± 95 % t-interval over seeds, with n, per method x epsilon cell.
 - ``baseline_table``: per cell the paired difference to a named baseline (pairs share the

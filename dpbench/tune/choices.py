@@ -3,7 +3,7 @@
 A choice is keyed by its cell (method, data set, model, target epsilon) and holds the
 overrides the search chose, the search's mode and, in ``accounted`` mode, the search's
 privacy ledger and selection epsilon, so that every run using the choice can report the
-total epsilon of search + run (docs/benchmark.md, "Tuning").
+total epsilon of search + run (docs/tuning-and-claims.md, "Tuning").
 """
 
 from __future__ import annotations

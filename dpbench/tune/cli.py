@@ -1,5 +1,5 @@
 """``dpbench-tune``: tune each cell of a sweep on a validation split, then train the choice on
-every seed and report mean, 95 % CI and a verdict against a baseline (docs/benchmark.md).
+every seed and report mean, 95 % CI and a verdict against a baseline (docs/tuning-and-claims.md).
 
     dpbench-tune --mode accounted --lrs 0.01,0.03,0.1,0.3,1 --seeds 0,1,2,3,4 \\
         --baseline dpsgd --out outputs/tune/digits -- method=dpsgd,dpadam privacy=eps1,eps3

@@ -1,5 +1,5 @@
 """The tuning protocol: per cell, search the learning rate on a validation split, then train
-the choice on every seed and evaluate on the test split (docs/benchmark.md, "Tuning").
+the choice on every seed and evaluate on the test split (docs/tuning-and-claims.md, "Tuning").
 
 - Trials train on the training set minus a fixed validation split (``evaluation.split=
   validation``) and are scored on that validation split; the test split is never read.
