@@ -37,6 +37,7 @@ from dpbench.training.checkpoint import (
     set_rng_state,
 )
 from dpbench.training.per_example import PerExampleGradients
+from dpbench.training.prefix_cache import maybe_cache_prefix
 from dpbench.training.step import Release, nonprivate_gradient, private_release
 from dpbench.utils.stats import quantile_summary
 
@@ -124,6 +125,9 @@ class Trainer:
                               "or functorch, not ghost")
         torch.manual_seed(seed)
         model = method.configure_model(model)
+        model, self.data = maybe_cache_prefix(model, data, self.device,
+                                              trainer.cache_frozen_prefix,
+                                              trainer.eval_batch_size)
         if self.plan.private:
             errors = ModuleValidator.validate(model, strict=False)
             if errors:
@@ -146,9 +150,9 @@ class Trainer:
         self.ledger = PrivacyLedger()
         self.sampler_generator = torch.Generator().manual_seed(seed)
         self.noise_generator = torch.Generator(device=self.device).manual_seed(seed + 1)
-        self.train_loader = DPDataLoader(data.train, sample_rate=self.plan.sample_rate,
+        self.train_loader = DPDataLoader(self.data.train, sample_rate=self.plan.sample_rate,
                                          generator=self.sampler_generator)
-        self.test_loader = DataLoader(data.test, batch_size=trainer.eval_batch_size)
+        self.test_loader = DataLoader(self.data.test, batch_size=trainer.eval_batch_size)
         self.step = 0
         self.epoch = 0
         self.history: list[dict[str, Any]] = []
