@@ -23,16 +23,45 @@ _SCALARS = ("method", "method_name", "dataset", "model", "privacy", "seed", "run
             "tuning_mode", "tuned_lr", "total_epsilon", "evaluation_split")
 
 
+class Unreadable(ValueError):
+    """A results.json that cannot be reported (not JSON, not a record, wrong types)."""
+
+
+#: keys every record needs, with the types they may have
+_REQUIRED: dict[str, tuple[type, ...]] = {"status": (str,), "dataset": (str,),
+                                          "model": (str,)}
+_OPTIONAL: dict[str, tuple[type, ...]] = {
+    "method": (str,), "method_name": (str,), "error": (str,), "privacy": (str,),
+    "target_epsilon": (int, float, type(None)), "epsilon": (int, float, type(None)),
+    "metrics": (dict, type(None)), "private": (bool, type(None)),
+    "seed": (int, type(None))}
+
+
+def check_record(record: Any) -> dict[str, Any]:
+    """Return ``record`` if a table can use it; raise Unreadable saying why not."""
+    if not isinstance(record, dict):
+        raise Unreadable(f"expected a JSON object, got {type(record).__name__}")
+    missing = [k for k in _REQUIRED if k not in record]
+    if "method" not in record and "method_name" not in record:
+        missing.append("method")
+    if missing:
+        raise Unreadable(f"missing key(s) {', '.join(missing)}")
+    for key, types in {**_REQUIRED, **_OPTIONAL}.items():
+        value = record.get(key)
+        if key in record and (not isinstance(value, types) or (
+                isinstance(value, bool) and bool not in types)):
+            raise Unreadable(f"{key} has the wrong type ({type(value).__name__}: "
+                             f"{str(value)[:40]!r})")
+    return record
+
+
 def iter_records(root: str | Path) -> Iterator[tuple[Path, dict[str, Any] | str]]:
-    """Yield (path, record) for every results.json under ``root``; a reason string if unreadable."""
+    """Yield (path, record) for every results.json under ``root``; a reason if unreadable."""
     for path in sorted(Path(root).rglob(RESULTS_NAME)):
         try:
-            record = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            yield path, f"unreadable: {type(err).__name__}: {err}"
-            continue
-        if not isinstance(record, dict):
-            yield path, f"unreadable: expected a JSON object, got {type(record).__name__}"
+            record = check_record(json.loads(path.read_text()))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, Unreadable) as err:
+            yield path, f"unreadable results.json: {err}"
             continue
         yield path, record
 
@@ -50,13 +79,13 @@ def _text(value: Any) -> str | None:
 
 
 def record_row(record: dict[str, Any]) -> dict[str, Any]:
-    """Return the flat row of one record: scalar fields plus numeric headline metrics."""
-    row: dict[str, Any] = {}
-    for key in _SCALARS:
-        value = record.get(key)
-        row[key] = _number(value) if key in (
-            "seed", "target_epsilon", "epsilon", "delta", "noise_multiplier", "sample_rate",
-            "steps", "wall_time_s", "tuned_lr", "total_epsilon") else _text(value)
+    """Return the flat row of one record: its scalar fields plus numeric headline metrics.
+
+    Nested fields (config, history, ledger, ``private_diagnostics``, ...) stay out: the
+    un-privatised training diagnostics are never tabulated by default.
+    """
+    row: dict[str, Any] = {k: v for k, v in record.items()
+                           if v is None or isinstance(v, (str, int, float, bool))}
     metrics = record.get("metrics")
     if isinstance(metrics, dict):
         for key, value in metrics.items():
@@ -70,6 +99,9 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
         if isinstance(chosen, dict):
             row["tuned_lr"] = _number(chosen.get("method.optimizer.lr"))
         row["total_epsilon"] = _number(tuning.get("total_epsilon"))
+    evaluation = record.get("evaluation")
+    if isinstance(evaluation, dict):
+        row["evaluation_split"] = _text(evaluation.get("split"))
     return row
 
 
@@ -82,7 +114,7 @@ def load_frame(root: str | Path) -> pd.DataFrame:
     rows = []
     for path, record in iter_records(root):
         if isinstance(record, str):
-            rows.append({"run_dir": str(path.parent), "status": "unreadable", "error": record})
+            rows.append({"status": "unreadable", "error": record, "run_dir": str(path.parent)})
             continue
         rows.append({**record_row(record), "run_dir": str(path.parent)})
     frame = pd.DataFrame(rows)

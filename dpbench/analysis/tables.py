@@ -30,15 +30,17 @@ _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$",
                   "^": r"\textasciicircum{}"}
 
 
-def escape_latex(text: Any) -> str:
-    """Return ``text`` with LaTeX's special characters escaped."""
-    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
+def latex_text(value: Any) -> str:
+    """Return ``value`` as LaTeX text: special characters escaped, ± as $\\pm$, one line."""
+    text = " ".join(str(value).split())
+    text = "".join(_LATEX_SPECIAL.get(ch, ch) for ch in text)
+    return text.replace("±", r"$\pm$")
 
 
-def escape_markdown(text: Any) -> str:
-    """Return ``text`` safe inside a markdown table cell (pipes escaped, newlines folded)."""
-    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace(
-        "\n", " ")
+def markdown_text(value: Any) -> str:
+    """Return ``value`` safe inside a markdown table cell or list item (one line, no pipes)."""
+    text = " ".join(str(value).split())
+    return text.replace("\\", "\\\\").replace("|", "\\|")
 
 
 def _completed(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -65,24 +67,19 @@ def cell_intervals(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
         interval = t_interval(group[metric].tolist())
         rows.append({**dict(zip([*ROW_KEYS, "eps"], key)), "interval": interval,
                      "n": interval.n, "seeds": _by_seed(group, metric)})
-    failed = frame[frame["status"].isin(["failed", "running"])] if not frame.empty else frame
-    counts = {}
-    for _, row in failed.iterrows():
-        key = (row.get("label"), row.get("dataset"), row.get("model"), row.get("tuning"),
-               eps_label(row.get("target_epsilon")))
-        counts[key] = counts.get(key, 0) + 1
     out = pd.DataFrame(rows)
-    for key, count in counts.items():
-        match = (out[[*ROW_KEYS, "eps"]].apply(tuple, axis=1) == key) if not out.empty else []
-        if len(out) and match.any():
-            out.loc[match, "failed"] = count
-        else:
-            out = pd.concat([out, pd.DataFrame([{**dict(zip([*ROW_KEYS, "eps"], key)),
-                                                 "interval": t_interval([]), "n": 0,
-                                                 "seeds": {}, "failed": count}])])
-    if "failed" not in out:
-        out["failed"] = 0
-    out["failed"] = out["failed"].fillna(0).astype(int)
+    for status, column in (("failed", "failed"), ("running", "incomplete")):
+        out[column] = 0
+        for _, row in frame[frame["status"] == status].iterrows() if not frame.empty else ():
+            key = (row.get("label"), row.get("dataset"), row.get("model"), row.get("tuning"),
+                   eps_label(row.get("target_epsilon")))
+            match = (out[[*ROW_KEYS, "eps"]].apply(tuple, axis=1) == key) if len(out) else None
+            if match is not None and match.any():
+                out.loc[match, column] += 1
+            else:
+                extra = {**dict(zip([*ROW_KEYS, "eps"], key)), "interval": t_interval([]),
+                         "n": 0, "seeds": {}, "failed": 0, "incomplete": 0, column: 1}
+                out = pd.concat([out, pd.DataFrame([extra])], ignore_index=True)
     return out.reset_index(drop=True)
 
 
@@ -95,8 +92,9 @@ def _eps_order(columns) -> list[str]:
 
 def _cell_text(row: pd.Series, digits: int) -> str:
     text = row["interval"].format(digits) if row["n"] else ""
-    if row.get("failed"):
-        text = (text + " " if text else "") + f"({row['failed']} failed)"
+    extra = [f"{int(row[c])} {c}" for c in ("failed", "incomplete") if row.get(c)]
+    if extra:
+        text = (text + " " if text else "") + "(" + ", ".join(extra) + ")"
     return text or "n/a"
 
 
@@ -161,7 +159,7 @@ def latex_table(frame: pd.DataFrame, metric: str, digits: int = 3) -> str:
     columns = _eps_order(cells["eps"].unique())
     lines = [r"\begin{tabular}{l" + "l" * 3 + "c" * len(columns) + "}", r"\toprule",
              " & ".join(["method", "dataset", "model", "tuning",
-                         *(r"$\varepsilon$=" + escape_latex(c[4:]) for c in columns)])
+                         *(r"$\varepsilon$=" + latex_text(c[4:]) for c in columns)])
              + r" \\", r"\midrule"]
     for key, group in cells.groupby(ROW_KEYS, dropna=False):
         values = []
@@ -174,16 +172,17 @@ def latex_table(frame: pd.DataFrame, metric: str, digits: int = 3) -> str:
             text = (f"{interval.mean:.{digits}f} $\\pm$ {interval.half_width:.{digits}f}"
                     if interval.n > 1 else f"{interval.mean:.{digits}f}")
             values.append(rf"\textbf{{{text}}}" if (*key, col) in bold else text)
-        lines.append(" & ".join([*(escape_latex(k) for k in key), *values]) + r" \\")
+        lines.append(" & ".join([*(latex_text(k) for k in key), *values]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
 
 def markdown_table(table: pd.DataFrame) -> str:
-    """Return ``table`` (index reset) as a markdown table with escaped cells."""
+    """Return ``table`` (index reset) as markdown, cells escaped and printed as formatted."""
     if table.empty:
         return "(no rows)"
     flat = table.reset_index() if not isinstance(table.index, pd.RangeIndex) else table
-    flat = flat.map(lambda v: escape_markdown(v) if isinstance(v, str) else v)
-    flat.columns = [escape_markdown(c) for c in flat.columns]
-    return flat.to_markdown(index=False)
+    out = flat.map(lambda v: v if v is None or (isinstance(v, float) and math.isnan(v))
+                   else markdown_text(v))
+    out.columns = [markdown_text(c) for c in out.columns]
+    return out.to_markdown(index=False, disable_numparse=True)
