@@ -78,6 +78,7 @@ def apply_tuned(cfg: DictConfig) -> DictConfig:
         cfg.tuning = {"mode": choice["mode"], "source": str(source), "chosen": choice[
             "overrides"], "search_ledger": choice.get("search_ledger") or [],
             "selection_epsilon": choice.get("selection_epsilon"),
+            "at_grid_edge": bool(choice.get("at_grid_edge", False)),
             "search_epsilon": choice.get("search_epsilon")}
     return cfg
 

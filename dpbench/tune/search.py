@@ -122,6 +122,11 @@ def search_cell(cell: list[str], settings: TuneSettings,
                       trials_epsilon=composed_epsilon([ledger], delta, accountant))
         choice["search_epsilon"] = max(choice["trials_epsilon"], float(eps_sel))
     choice["overrides"] = {"method.optimizer.lr": best["lr"]}
+    # a choice at the end of the grid says the grid may be too narrow (tables flag it)
+    choice["at_grid_edge"] = best["lr"] in (min(settings.lrs), max(settings.lrs)) and len(
+        settings.lrs) > 1
+    if choice["at_grid_edge"]:
+        log.warning("%s: the chosen lr %g is at the edge of the grid", cell, best["lr"])
     choice["key"] = cfg_cell_key(cfg)
     return choice
 
