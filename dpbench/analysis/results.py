@@ -99,6 +99,8 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
         if isinstance(chosen, dict):
             row["tuned_lr"] = _number(chosen.get("method.optimizer.lr"))
         row["total_epsilon"] = _number(tuning.get("total_epsilon"))
+        row["lr_at_grid_edge"] = tuning.get("at_grid_edge") if isinstance(
+            tuning.get("at_grid_edge"), bool) else None
     evaluation = record.get("evaluation")
     if isinstance(evaluation, dict):
         row["evaluation_split"] = _text(evaluation.get("split"))

@@ -123,7 +123,8 @@ def report(out: Path, metric: str, baseline: str | None) -> str:
     text = f"# {metric}: mean ± 95 % t-interval over seeds\n\n"
     text += markdown_table(cell_table(frame, metric)) + "\n"
     lrs = frame[frame["status"] == "completed"].groupby(
-        ["label", "dataset", "model", "tuning", "target_epsilon"], dropna=False)["tuned_lr"].first()
+        ["label", "dataset", "model", "tuning", "target_epsilon"], dropna=False)[
+        ["tuned_lr", "lr_at_grid_edge"]].first()
     text += "\n## Tuned learning rates\n\n" + markdown_table(lrs.reset_index()) + "\n"
     if "total_epsilon" in frame and frame["total_epsilon"].notna().any():
         tot = frame.groupby(["label", "target_epsilon"], dropna=False)["total_epsilon"].max()
