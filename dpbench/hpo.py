@@ -75,13 +75,10 @@ def _halves(n: int) -> tuple[list[int], list[int]]:
 
 def run_trial(overrides: list[str], run_dir: Path | None) -> dict[str, Any]:
     """Train one trial; return its record with validation and test metrics (test halves)."""
-    from hydra import compose, initialize_config_dir
-
-    from dpbench.cli import CONF_DIR
+    from dpbench.config.compose import compose_config
     from dpbench.experiment import build_trainer
 
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
+    cfg = compose_config(overrides)
     trainer = build_trainer(cfg, run_dir)
     summary = trainer.fit()
     val_idx, test_idx = _halves(len(trainer.data.test))

@@ -84,8 +84,8 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
     Nested fields (config, history, ledger, ``private_diagnostics``, ...) stay out: the
     un-privatised training diagnostics are never tabulated by default.
     """
-    row: dict[str, Any] = {k: v for k, v in record.items()
-                           if v is None or isinstance(v, (str, int, float, bool))}
+    row: dict[str, Any] = {k: v for k, v in record.items() if k != "private_diagnostics"
+                           and (v is None or isinstance(v, (str, int, float, bool)))}
     metrics = record.get("metrics")
     if isinstance(metrics, dict):
         for key, value in metrics.items():
