@@ -10,6 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from dpbench.privacy.selection import search_and_run_epsilon
 from dpbench.training.loop import Callback, Trainer
 from dpbench.utils.io import atomic_write_json
 
@@ -73,12 +74,10 @@ def run_record(cfg: DictConfig, summary: dict[str, Any], status: str) -> dict[st
     record = {**base_record(cfg), **summary, "status": status}
     tuning = cfg.get("tuning")
     if tuning is not None and tuning.get("mode") == "accounted" and summary.get("private"):
-        from dpbench.hpo import composed_epsilon
-        from dpbench.tune.choices import total_epsilon
-
-        record["tuning"]["total_epsilon"] = total_epsilon(
-            OmegaConf.to_container(tuning, resolve=True), summary["privacy_ledger"],
-            summary["epsilon"], summary["delta"], summary["accountant"], composed_epsilon)
+        record["tuning"]["total_epsilon"] = search_and_run_epsilon(
+            list(tuning.get("search_ledger") or []),
+            float(tuning.get("selection_epsilon") or 0.0), summary["privacy_ledger"],
+            summary["epsilon"], summary["delta"], summary["accountant"])
     if not summary.get("private", True):
         record["method"] = "nonprivate"
         record["epsilon"] = math.inf

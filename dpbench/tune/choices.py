@@ -9,7 +9,6 @@ total epsilon of search + run (docs/tuning-and-claims.md, "Tuning").
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -81,21 +80,3 @@ def apply_tuned(cfg: DictConfig) -> DictConfig:
             "at_grid_edge": bool(choice.get("at_grid_edge", False)),
             "search_epsilon": choice.get("search_epsilon")}
     return cfg
-
-
-def total_epsilon(tuning: dict[str, Any], run_ledger: list[dict], run_epsilon: float,
-                  delta: float, accountant: str, compose) -> float | None:
-    """Return the epsilon of search + this run, or None when the search was not accounted.
-
-    A fixed, data-independent partition splits the training set into a trial part and a
-    validation part. An example of the trial part is in every trial and in this run:
-    adaptive composition of all their ledgers. An example of the validation part is in the
-    selection (pure ``selection_epsilon``) and in this run: basic composition
-    selection_epsilon + run epsilon. The run is as private as the worse of the two.
-    """
-    if tuning.get("mode") != "accounted":
-        return None
-    trials = compose([tuning.get("search_ledger") or [], run_ledger], delta, accountant)
-    selection = float(tuning.get("selection_epsilon") or 0.0)
-    return float(max(trials, selection + run_epsilon if math.isfinite(run_epsilon) else
-                     math.inf))

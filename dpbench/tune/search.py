@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from dpbench.hpo import composed_epsilon
+from dpbench.privacy.selection import exponential_mechanism, ledgers_epsilon
 from dpbench.tune.choices import cfg_cell_key
 
 log = logging.getLogger(__name__)
@@ -51,17 +51,6 @@ def spawn_seeds(master_seed: int, n_trials: int) -> tuple[list[int], np.random.G
     trials_ss, selection_ss = np.random.SeedSequence(master_seed).spawn(len(_STREAMS))
     seeds = [int(s.generate_state(1, dtype=np.uint32)[0]) for s in trials_ss.spawn(n_trials)]
     return seeds, np.random.default_rng(selection_ss)
-
-
-def exponential_mechanism(scores: Sequence[float], epsilon: float, sensitivity: float,
-                          rng: np.random.Generator) -> int:
-    """Return an index drawn with P(i) proportional to exp(epsilon * score_i / (2 sensitivity)).
-
-    Implemented as Gumbel-max: argmax_i(epsilon * s_i / (2 Delta) + G_i), G_i ~ Gumbel(0, 1),
-    which has exactly the exponential mechanism's distribution.
-    """
-    logits = np.asarray(scores, dtype=float) * epsilon / (2 * sensitivity)
-    return int(np.argmax(logits + rng.gumbel(size=len(logits))))
 
 
 def search_cell(cell: list[str], settings: TuneSettings,
@@ -119,7 +108,7 @@ def search_cell(cell: list[str], settings: TuneSettings,
         accountant = next(t["accountant"] for t in done)
         choice.update(search_ledger=ledger, selection_epsilon=float(eps_sel), delta=delta,
                       accountant=accountant,
-                      trials_epsilon=composed_epsilon([ledger], delta, accountant))
+                      trials_epsilon=ledgers_epsilon([ledger], delta, accountant))
         choice["search_epsilon"] = max(choice["trials_epsilon"], float(eps_sel))
     choice["overrides"] = {"method.optimizer.lr": best["lr"]}
     # a choice at the end of the grid says the grid may be too narrow (tables flag it)

@@ -11,16 +11,14 @@ from omegaconf import OmegaConf
 
 from dpbench.data import get_dataset_builder
 from dpbench.data.base import carve_validation
-from dpbench.hpo import composed_epsilon
-from dpbench.tune.choices import apply_tuned, cell_key, total_epsilon, write_choice
-from dpbench.tune.cli import main, train
-from dpbench.tune.search import (
-    TuneSettings,
-    expand_cells,
+from dpbench.privacy.selection import (
     exponential_mechanism,
-    search_cell,
-    spawn_seeds,
+    ledgers_epsilon,
+    search_and_run_epsilon,
 )
+from dpbench.tune.choices import apply_tuned, cell_key, write_choice
+from dpbench.tune.cli import main, train
+from dpbench.tune.search import TuneSettings, expand_cells, search_cell, spawn_seeds
 
 CELL = ["dataset=digits", "model=logreg", "method=dpsgd", "privacy=eps3", "trainer.epochs=1",
         "trainer.device=cpu"]
@@ -62,7 +60,7 @@ def test_expand_cells_is_a_cartesian_product():
 def test_accounted_search_epsilon_is_the_composition_of_its_trials():
     settings = TuneSettings(lrs=[0.05, 0.5], mode="accounted", selection_epsilon=0.5)
     choice = search_cell(CELL, settings, train)
-    trials = composed_epsilon([choice["search_ledger"]], choice["delta"], choice["accountant"])
+    trials = ledgers_epsilon([choice["search_ledger"]], choice["delta"], choice["accountant"])
     assert choice["trials_epsilon"] == pytest.approx(trials)
     assert choice["search_epsilon"] == pytest.approx(trials)  # > selection_epsilon here
     steps = [t["steps"] for t in choice["trials"]]
@@ -93,11 +91,9 @@ def test_failed_trial_ledger_is_composed(monkeypatch):
 
 def test_total_epsilon_covers_trials_selection_and_run():
     ledger = [{"noise_multiplier": 1.0, "sample_rate": 0.05, "steps": 100}]
-    tuning = {"mode": "accounted", "search_ledger": ledger * 3, "selection_epsilon": 1.0}
-    total = total_epsilon(tuning, ledger, 2.0, 1e-5, "rdp", composed_epsilon)
-    assert total == pytest.approx(max(composed_epsilon([ledger * 4], 1e-5, "rdp"), 3.0))
-    assert total_epsilon({"mode": "unaccounted"}, ledger, 2.0, 1e-5, "rdp",
-                         composed_epsilon) is None
+    total = search_and_run_epsilon(ledger * 3, 1.0, ledger, 2.0, 1e-5, "rdp")
+    assert total == pytest.approx(max(ledgers_epsilon([ledger * 4], 1e-5, "rdp"), 3.0))
+    assert search_and_run_epsilon(ledger, 5.0, ledger, 2.0, 1e-5, "rdp") == 7.0
 
 
 def test_stored_choice_is_applied_to_a_later_run(tmp_path):
