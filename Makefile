@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup demo test test-data test-full lint format bench clean reproduce-fiber \
+.PHONY: help setup demo test test-data test-full lint format bench clean reproduce reproduce-fiber \
         reproduce-dp-adaln reproduce-bounded-adaclip reproduce-dp-ivon reproduce-spectral
 
 
@@ -49,20 +49,25 @@ format: $(STAMP)  ## ruff format + import sort
 bench: $(STAMP)  ## DP step time / non-private step time per model and grad-sample mode
 	$(BIN)/dpbench-bench
 
-reproduce-fiber: $(STAMP)  ## FIBER/DiSK/DP-AdamBC vs DP-AdamW: accuracy x eps, ablation, time per step (CPU)
-	PY=$(BIN)/python scripts/reproduce_fiber.sh
-
-reproduce-dp-adaln: $(STAMP)  ## DP-aware AdaLN-Zero vs DP-vanilla, ETTh1 imputation, cpu scale (table + figure)
-	PY=$(BIN)/python scripts/reproduce_dp_adaln.sh cpu
-
-reproduce-spectral: $(STAMP)  ## spectral_denoise vs dplora on SST-2 (CPU): steps-to-target table, overhead
-	PY=$(BIN)/python scripts/reproduce_spectral_denoise.sh
-
 clean:  ## remove run outputs (keeps .venv)
 	rm -rf outputs/runs outputs/multirun
 
-reproduce-bounded-adaclip: $(STAMP)  ## bounded adaptive clipping: 4 clipping methods x 3 seeds (cpu scale), table + Pareto plots
-	PY=$(BIN)/python scripts/reproduce_bounded_adaclip.sh cpu outputs/bounded_adaclip_cpu
+REPRODUCE := $(BIN)/python -m dpbench.analysis.reproduce
 
-reproduce-dp-ivon: $(STAMP)  ## DP-IVON-Gradsq vs DP-SGD/DP-Adam, CPU scale: tables in outputs/dp_ivon/cpu
-	PYTHON=$(BIN)/python scripts/reproduce_dp_ivon.sh cpu
+reproduce: $(STAMP)  ## the five CPU-scale reproductions, then outputs/claims/claims.md (one claim a row)
+	$(REPRODUCE) all $(ARGS)
+
+reproduce-fiber: $(STAMP)  ## FIBER/DiSK/DP-AdamBC vs DP-AdamW, lr tuned per epsilon, + ablation (CPU)
+	$(REPRODUCE) fiber $(ARGS)
+
+reproduce-bounded-adaclip: $(STAMP)  ## bounded adaptive clipping vs unbounded, AUTO-S, constant (CPU)
+	$(REPRODUCE) bounded_adaclip $(ARGS)
+
+reproduce-dp-ivon: $(STAMP)  ## DP-IVON-Gradsq vs DP-SGD/DP-Adam, lr tuned per epsilon (CPU)
+	$(REPRODUCE) dp_ivon $(ARGS)
+
+reproduce-spectral: $(STAMP)  ## spectral denoising vs DP-LoRA on SST-2: steps to target (CPU)
+	$(REPRODUCE) spectral $(ARGS)
+
+reproduce-dp-adaln: $(STAMP)  ## DP-aware AdaLN-Zero vs DP-vanilla, ETTh1 imputation (CPU)
+	$(REPRODUCE) dp_adaln $(ARGS)

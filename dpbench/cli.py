@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from dpbench.config.schema import register_schemas
 from dpbench.errors import DataError, DPBenchError
 from dpbench.logging.results import RESULTS_NAME, failed_record, write_record
+from dpbench.tune.choices import apply_tuned
 from dpbench.utils.conf import CONF_DIR
 from dpbench.utils.io import atomic_write_bytes
 from dpbench.utils.lock import RunDirLock
@@ -202,6 +203,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo) -> dict | 
     try:
         check_path_values(cfg)
         check_run_dir(run_dir, list(hc.overrides.hydra))
+        cfg = apply_tuned(cfg)  # tuned=FILE: this cell's stored dpbench-tune choice
         if cfg.trainer.get("resume") and results.exists():
             record = _completed_record(cfg, results)
             if record is not None:

@@ -20,6 +20,7 @@ from dpbench.config.schema import (
     check_seed,
 )
 from dpbench.data import get_dataset_builder
+from dpbench.data.base import carve_validation
 from dpbench.errors import ConfigError
 from dpbench.methods import get_method
 from dpbench.models import get_model_builder
@@ -60,6 +61,19 @@ def build_method(cfg: DictConfig):
     return method_cls(optimizer=optimizer, **_settings(cfg.method.get("settings")))
 
 
+def select_evaluation_split(data, evaluation: Any):
+    """Return ``data`` evaluated on ``evaluation.split`` (test, or a carved validation split)."""
+    split = (evaluation or {}).get("split", "test")
+    if split == "test":
+        return data
+    if split != "validation":
+        raise ConfigError(f"evaluation.split must be test or validation (got {split!r})")
+    fraction = float(evaluation.get("validation_fraction", 0.15))
+    if not 0.0 < fraction < 1.0:
+        raise ConfigError(f"evaluation.validation_fraction must be in (0, 1) (got {fraction})")
+    return carve_validation(data, fraction)
+
+
 def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
                   callbacks: list[Callback] | None = None,
                   trainer_cls: type[Trainer] = Trainer) -> Trainer:
@@ -81,6 +95,7 @@ def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
     if cfg.dataset.get("task") and cfg.dataset.task != data.task:
         raise ConfigError(f"dataset.task is {cfg.dataset.task!r} but {data.name} is a "
                           f"{data.task!r} data set")
+    data = select_evaluation_split(data, cfg.get("evaluation"))
     model = get_model_builder(cfg.model.name)(
         data.input_shape, data.num_classes, **_settings(cfg.model, "name"),
         **({"data": data} if cfg.model.get("needs_data") else {}))

@@ -51,7 +51,8 @@ def test_broken_records_are_listed_and_the_rest_still_reported(tmp_path):
     for name, (content, _) in BROKEN.items():
         _write(tmp_path, name.replace(" ", "_"), content)
     frame, markdown = build_report(tmp_path)
-    assert "0.8500 ± 0.0707" in markdown and "0.9500" in markdown  # the good runs
+    # mean ± t_{0.975,1} s / sqrt(2) with s = 0.0707 over the two seeds; one run at eps 8
+    assert "0.8500 ± 0.6353 (n=2)" in markdown and "0.9500 (n=1)" in markdown
     listed = markdown.split("Unreadable results:")[1]
     for name, (_, reason) in BROKEN.items():
         line = next(ln for ln in listed.splitlines() if f"/{name.replace(' ', '_')}:" in ln)
@@ -97,7 +98,7 @@ def test_latex_table_is_escaped(tmp_path):
     tex = (tmp_path / "report.tex").read_text()
     assert (r"we|ird name\_\&\%\$\#\{x\}\textasciitilde{}\textasciicircum{}\textbackslash{}"
             in tex)
-    assert "0.9000" in tex and "name_&" not in tex
+    assert "0.900" in tex and "name_&" not in tex
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -107,6 +108,16 @@ def test_latex_table_is_escaped(tmp_path):
 ])
 def test_latex_text(text, expected):
     assert latex_text(text) == expected
+
+
+def test_baseline_comparison_gives_paired_verdicts(tmp_path):
+    for seed, (a, b) in enumerate([(0.90, 0.80), (0.92, 0.81), (0.91, 0.83)]):
+        _write(tmp_path, f"a{seed}", _record(method="fiber", seed=seed, acc=a))
+        _write(tmp_path, f"b{seed}", _record(method="dpsgd", seed=seed, acc=b))
+    _, markdown = build_report(tmp_path, baseline="dpsgd")
+    versus = markdown.split("Against dpsgd")[1]
+    assert "fiber" in versus and "better" in versus and "| 3 " in versus
+    assert r"\textbf{" in (tmp_path / "report.tex").read_text()  # significantly best
 
 
 def test_markdown_text():

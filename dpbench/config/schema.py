@@ -105,6 +105,7 @@ class TrainerConfig:
     resume: bool = False
     nonfinite: str = "stop"  # NaN/Inf loss or gradient: "stop", or "skip" the update
     progress: bool = True
+    cache_frozen_prefix: str = "auto"  # auto | on | off: train on cached frozen-prefix outputs
 
     def __post_init__(self) -> None:
         if not isinstance(self.epochs, int) or self.epochs < 1:

@@ -10,6 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from dpbench.privacy.selection import search_and_run_epsilon
 from dpbench.training.loop import Callback, Trainer
 from dpbench.utils.io import atomic_write_json
 
@@ -30,6 +31,16 @@ def git_commit() -> str:
         return "unknown"
 
 
+def _tuning_record(cfg: DictConfig) -> dict[str, Any]:
+    """Return how the run's hyper-parameters were chosen (the search ledger left out)."""
+    tuning = cfg.get("tuning")
+    if tuning is None:
+        return {"mode": "default"}
+    out = OmegaConf.to_container(tuning, resolve=True)
+    out.pop("search_ledger", None)
+    return out
+
+
 def base_record(cfg: DictConfig) -> dict[str, Any]:
     """Return the fields every record carries, known before the run starts."""
     method = cfg.method.name
@@ -43,6 +54,9 @@ def base_record(cfg: DictConfig) -> dict[str, Any]:
         "seed": cfg.get("seed"),  # validated as an int before training; as given if refused
         "run_name": cfg.get("run_name"),
         "target_epsilon": cfg.privacy.get("target_epsilon"),
+        "evaluation": OmegaConf.to_container(cfg.get("evaluation") or {"split": "test"},
+                                             resolve=True),
+        "tuning": _tuning_record(cfg),
         "config": OmegaConf.to_container(cfg, resolve=True),
         "git_commit": git_commit(),
     }
@@ -58,6 +72,12 @@ def failed_record(cfg: DictConfig, error: BaseException, stage: str) -> dict[str
 
 def run_record(cfg: DictConfig, summary: dict[str, Any], status: str) -> dict[str, Any]:
     record = {**base_record(cfg), **summary, "status": status}
+    tuning = cfg.get("tuning")
+    if tuning is not None and tuning.get("mode") == "accounted" and summary.get("private"):
+        record["tuning"]["total_epsilon"] = search_and_run_epsilon(
+            list(tuning.get("search_ledger") or []),
+            float(tuning.get("selection_epsilon") or 0.0), summary["privacy_ledger"],
+            summary["epsilon"], summary["delta"], summary["accountant"])
     if not summary.get("private", True):
         record["method"] = "nonprivate"
         record["epsilon"] = math.inf

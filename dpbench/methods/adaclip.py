@@ -139,8 +139,16 @@ class AdaClip(DPMethod):
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "sigma_b": self.sigma_b,
                 "clip_floor": self.clip_floor(), "final_clip_threshold": self.threshold,
+                "floor_binding_share": self.floor_binding_share(),
                 "clip_threshold_trajectory": list(self.trajectory),
                 "unclipped_fraction_trajectory": list(self.fractions)}
+
+    def floor_binding_share(self) -> float:
+        """Return the share of steps whose threshold C_t sat at the floor C_LB (0 unbounded)."""
+        floor = self.clip_floor()
+        if floor <= 0 or not self.trajectory:
+            return 0.0
+        return sum(c <= floor * (1 + 1e-9) for c in self.trajectory) / len(self.trajectory)
 
     def extra_state(self) -> dict[str, Any]:
         return {"threshold": self.threshold, "unclipped_fraction": self.unclipped_fraction,

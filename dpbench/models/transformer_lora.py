@@ -40,7 +40,14 @@ class SequenceClassifier(nn.Module):
 
 
 class MeanPoolClassifier(nn.Module):
-    """Return logits of a linear head on the attention-masked mean of the last hidden states."""
+    """Return logits of a linear head on the attention-masked mean of the last hidden states.
+
+    The frozen bottom of the encoder (embeddings and every layer below the first one with a
+    trainable parameter) always runs in eval mode: it is a fixed feature map, so its outputs
+    can be computed once per example (``prefix_features``) and training can run only the
+    layers above them (``forward_from_prefix``) with identical results (docs/engine.md,
+    "Frozen-prefix caching").
+    """
 
     def __init__(self, encoder: nn.Module, hidden: int, num_classes: int) -> None:
         super().__init__()
@@ -49,9 +56,61 @@ class MeanPoolClassifier(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         states = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
-        mask = attention_mask.unsqueeze(-1).to(states.last_hidden_state.dtype)
-        pooled = (states.last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        return self._pool(states.last_hidden_state, attention_mask)
+
+    def _pool(self, states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        mask = attention_mask.unsqueeze(-1).to(states.dtype)
+        pooled = (states * mask).sum(1) / mask.sum(1).clamp(min=1.0)
         return self.head(pooled)
+
+    def _backbone(self) -> nn.Module:
+        """Return the transformers encoder model (under peft's wrapper, if any)."""
+        get_base = getattr(self.encoder, "get_base_model", None)
+        return get_base() if callable(get_base) else self.encoder
+
+    def frozen_depth(self) -> int:
+        """Return k: the encoder layers 0..k-1 and the embeddings have no trainable parameter."""
+        backbone = self._backbone()
+        if any(p.requires_grad for p in backbone.embeddings.parameters()):
+            return 0
+        for k, layer in enumerate(backbone.encoder.layer):
+            if any(p.requires_grad for p in layer.parameters()):
+                return k
+        return len(backbone.encoder.layer)
+
+    def train(self, mode: bool = True) -> MeanPoolClassifier:
+        super().train(mode)
+        backbone, depth = self._backbone(), self.frozen_depth()
+        backbone.embeddings.eval()
+        for layer in backbone.encoder.layer[:depth]:
+            layer.eval()
+        return self
+
+    @torch.no_grad()
+    def prefix_features(self, input_ids: torch.Tensor,
+                        attention_mask: torch.Tensor) -> torch.Tensor:
+        """Return the hidden states entering layer k (frozen_depth) for these examples."""
+        backbone = self._backbone()
+        hidden = backbone.embeddings(input_ids=input_ids)
+        return self._run_layers(hidden, attention_mask, 0, self.frozen_depth())
+
+    def _run_layers(self, hidden: torch.Tensor, attention_mask: torch.Tensor, start: int,
+                    stop: int | None) -> torch.Tensor:
+        """Run encoder layers start..stop-1 on ``hidden`` with the encoder's own mask."""
+        from transformers.masking_utils import create_bidirectional_mask
+
+        backbone = self._backbone()
+        mask = create_bidirectional_mask(config=backbone.config, inputs_embeds=hidden,
+                                         attention_mask=attention_mask)
+        for layer in backbone.encoder.layer[start:stop]:
+            hidden = layer(hidden, mask)
+        return hidden
+
+    def forward_from_prefix(self, hidden: torch.Tensor,
+                            attention_mask: torch.Tensor) -> torch.Tensor:
+        """Return the logits from prefix_features: layers k.. as the encoder runs them."""
+        hidden = self._run_layers(hidden, attention_mask, self.frozen_depth(), None)
+        return self._pool(hidden, attention_mask)
 
 
 def _head_names(model: nn.Module) -> list[str]:

@@ -42,6 +42,7 @@ from dpbench.training.checkpoint import (
     set_rng_state,
 )
 from dpbench.training.engines import CLIPPED_SUM_MODES, build_engine, choose_grad_sample_mode
+from dpbench.training.prefix_cache import maybe_cache_prefix
 from dpbench.training.step import Release, nonprivate_gradient, private_release
 from dpbench.utils.seeding import seed_everything, stream_generator
 from dpbench.utils.stats import quantile_summary
@@ -148,6 +149,9 @@ class Trainer:
                               f"or functorch, not {trainer.grad_sample_mode}")
         seed_everything(seed, "model_configure")
         model = method.configure_model(model)
+        model, self.data = maybe_cache_prefix(model, data, self.device,
+                                              trainer.cache_frozen_prefix,
+                                              trainer.eval_batch_size)
         if self.plan.private:
             errors = ModuleValidator.validate(model, strict=False)
             if errors:
@@ -181,9 +185,9 @@ class Trainer:
         self.noise_generator = self.generators["noise"]
         task.generator = self.generators["task"]
         seed_everything(seed, "global")  # what still draws from torch's global RNG (dropout)
-        self.train_loader = DPDataLoader(data.train, sample_rate=self.plan.sample_rate,
+        self.train_loader = DPDataLoader(self.data.train, sample_rate=self.plan.sample_rate,
                                          generator=self.sampler_generator)
-        self.test_loader = DataLoader(data.test, batch_size=trainer.eval_batch_size)
+        self.test_loader = DataLoader(self.data.test, batch_size=trainer.eval_batch_size)
         self.step = 0
         self.epoch = 0
         self.history: list[dict[str, Any]] = []

@@ -11,8 +11,8 @@ def test_step_timer_skips_evaluations_and_reports_a_ratio():
     cfg = compose_config("method=spectral_denoise", "method.settings.targets=all_2d",
                          "dataset=digits", "model=mlp", "trainer.epochs=1",
                          "trainer.batch_size=256", "trainer.eval_every_steps=2",
-                         "trainer.checkpoint=false", "privacy.noise_multiplier=1.0",
-                         "privacy.accountant=rdp")
+                         "trainer.checkpoint=false", "privacy=sigma",
+                         "privacy.noise_multiplier=1.0", "privacy.accountant=rdp")
     timer = StepTimer()
     result = build_trainer(cfg, None, callbacks=[timer]).fit()
     assert result["steps"] == 5 and len(result["step_history"]) == 2

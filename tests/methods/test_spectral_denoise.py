@@ -113,8 +113,8 @@ def test_bad_settings_and_no_lora_matrix_raise():
 def test_same_epsilon_and_ledger_as_the_baseline(tmp_path):
     """Post-processing: same sigma, ledger and epsilon as DP-Adam; the update differs."""
     common = ["dataset=digits", "model=mlp", "trainer.epochs=1", "trainer.batch_size=256",
-              "trainer.checkpoint=false", "privacy.noise_multiplier=1.0",
-              "privacy.accountant=rdp"]
+              "trainer.checkpoint=false", "privacy=sigma",
+              "privacy.noise_multiplier=1.0", "privacy.accountant=rdp"]
     base = run_config(compose_config("method=dpadam", *common))
     spec = run_config(compose_config("method=spectral_denoise", "method.settings.targets=all_2d",
                                      "method.optimizer.lr=0.005", *common))

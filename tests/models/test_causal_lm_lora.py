@@ -16,8 +16,8 @@ def test_tiny_causal_lm_lora_trains_and_generates(tmp_path, monkeypatch):
         "method=spectral_denoise", "dataset=sst2_gen", "model=causal_lm_lora",
         f"paths.data_root={tmp_path}", "dataset.train_size=32", "dataset.test_size=8",
         "dataset.max_source_length=12", "dataset.max_target_length=2", "trainer.batch_size=16",
-        "trainer.epochs=1", "trainer.checkpoint=false", "privacy.noise_multiplier=1.0",
-        "privacy.accountant=rdp", "method.optimizer.lr=0.05")
+        "trainer.epochs=1", "trainer.checkpoint=false", "privacy=sigma",
+        "privacy.noise_multiplier=1.0", "privacy.accountant=rdp", "method.optimizer.lr=0.05")
     trainer = build_trainer(cfg, None)
     lora = {n: p.detach().clone() for n, p in trainer.model.named_parameters()
             if p.requires_grad}

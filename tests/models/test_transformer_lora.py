@@ -18,7 +18,8 @@ from tests.fixtures.synthetic import write_sst2
 
 TINY = ["dataset=sst2", "model=minilm_lora", "dataset.train_size=48", "dataset.test_size=16",
         "dataset.max_length=12", "trainer.batch_size=16", "trainer.epochs=1",
-        "trainer.checkpoint=false", "privacy.noise_multiplier=1.0", "privacy.accountant=rdp"]
+        "trainer.checkpoint=false", "privacy=sigma", "privacy.noise_multiplier=1.0",
+        "privacy.accountant=rdp"]
 
 
 def _no_dropout(model: torch.nn.Module) -> torch.nn.Module:

@@ -22,8 +22,8 @@ from tests.method_matrix import TINY
 def _trainer(*overrides: str):
     """Return a tiny digits trainer with a fixed sigma (no calibration: these tests are about
     the engine)."""
-    return build_trainer(compose_config(*TINY, "privacy=sigma", "privacy.noise_multiplier=1.0", *overrides),
-                         None)
+    cfg = compose_config(*TINY, "privacy=sigma", "privacy.noise_multiplier=1.0", *overrides)
+    return build_trainer(cfg, None)
 
 
 def test_auto_is_the_default_and_picks_bk_for_norm_only_methods():

@@ -1,0 +1,175 @@
+"""``dpbench-reproduce``: run a paper's reproduction from its spec, then its tables and claims.
+
+    dpbench-reproduce fiber                      # one paper, CPU scale
+    dpbench-reproduce all --jobs 2               # the five papers, two runs at a time
+    dpbench-reproduce fiber --scale paper        # the paper's own scale (GPU)
+    dpbench-reproduce all --claims-only          # rebuild claims.md from finished runs
+
+A spec is ``conf/reproduce/<paper>.yaml``: the preset of each scale, the sweeps (plain Hydra
+sweeps, or tuned per cell with ``dpbench-tune``), the table columns and the paper's claims
+(``dpbench.analysis.claims``). Every paper shares the options below (output folder, seeds,
+parallelism, data root). Runs are resumed: rerunning skips finished runs and searches.
+Writes ``OUT/reproduce/<scale>/<paper>/<sweep>/...`` with ``tables.md`` beside, and
+``OUT/claims/claims.md`` (every claim of the five papers, from whatever runs exist).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dpbench.analysis.claims import claims_markdown, evaluate_claim, load_completed
+from dpbench.analysis.results import load_frame
+from dpbench.analysis.tables import cell_table, markdown_table
+from dpbench.tune.choices import CHOICES_NAME
+
+log = logging.getLogger("dpbench.reproduce")
+SPEC_DIR = Path(__file__).resolve().parents[2] / "conf" / "reproduce"
+PAPERS = ("bounded_adaclip", "fiber", "dp_ivon", "spectral", "dp_adaln")
+_QUIET = ["logger=none", "trainer.progress=false"]
+
+
+def load_spec(paper: str) -> dict[str, Any]:
+    """Return the reproduction spec of ``paper`` (one of PAPERS)."""
+    if paper not in PAPERS:
+        raise SystemExit(f"dpbench-reproduce: unknown paper {paper!r} (known: "
+                         f"{', '.join(PAPERS)}, all)")
+    return yaml.safe_load((SPEC_DIR / f"{paper}.yaml").read_text())
+
+
+def sweep_commands(spec: dict[str, Any], args: argparse.Namespace, out: Path) -> list[dict]:
+    """Return one job per sweep: its folder and either a dpbench -m command or a tune call."""
+    scale = spec["scales"][args.scale]
+    seeds = args.seeds or spec.get("seeds", {}).get(args.scale, "0,1,2")
+    data = [f"paths.data_root={args.data_root}"] if args.data_root else []
+    jobs = []
+    for sweep in spec["sweeps"]:
+        folder = out / sweep["name"]
+        overrides = [o.format(**scale) for o in sweep["overrides"]] + data + _QUIET
+        if sweep.get("tuned"):  # reuse the learning rates another sweep of this paper chose
+            overrides.append(f"tuned={out / sweep['tuned'] / CHOICES_NAME}")
+        if sweep.get("tune"):
+            tune = sweep["tune"]
+            argv = ["--lrs", ",".join(str(v) for v in tune["lrs"]), "--seeds", str(seeds),
+                    "--mode", tune.get("mode", "unaccounted"), "--out", str(folder), "--",
+                    *overrides]
+            jobs.append({"folder": folder, "tune": argv})
+        else:
+            cmd = [sys.executable, "-m", "dpbench", "-m", *overrides, f"seed={seeds}",
+                   "trainer.resume=true", f"hydra.sweep.dir={folder}",
+                   "hydra.sweep.subdir=${hydra.job.num}_${run_name}"]
+            if args.jobs > 1:
+                cmd += ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={args.jobs}"]
+            jobs.append({"folder": folder, "cmd": cmd})
+    return jobs
+
+
+def run_jobs(jobs: list[dict], dry_run: bool) -> None:
+    """Run each sweep (a failing run is recorded by dpbench and the others go on)."""
+    for job in jobs:
+        job["folder"].mkdir(parents=True, exist_ok=True)
+        if "tune" in job:
+            print("dpbench-tune " + " ".join(job["tune"]))
+            if not dry_run:
+                from dpbench.tune.cli import parse_args
+                from dpbench.tune.cli import run as tune_run
+
+                tune_run(parse_args(job["tune"]))
+            continue
+        print(" ".join(job["cmd"]))
+        if not dry_run:
+            with open(job["folder"].with_suffix(".log"), "w") as logfile:
+                subprocess.run(job["cmd"], stdout=logfile, stderr=subprocess.STDOUT,
+                               check=False, env={**os.environ, "WANDB_MODE": "disabled"})
+
+
+def paper_tables(spec: dict[str, Any], out: Path) -> str:
+    """Return the paper's tables (one per sweep and metric) with CIs."""
+    text = [f"# {spec['paper']}\n"]
+    for sweep in spec["sweeps"]:
+        frame = load_frame(out / sweep["name"])
+        for metric in sweep.get("metrics", spec.get("metrics", ["accuracy"])):
+            table = cell_table(frame, metric) if not frame.empty else frame
+            text.append(f"## {sweep['name']}: {metric} (mean ± 95 % CI, n)\n\n"
+                        + markdown_table(table) + "\n")
+    return "\n".join(text)
+
+
+def paper_plots(spec: dict[str, Any], out: Path) -> None:
+    """Write the spec's Pareto scatters (``plots``), one per data set, over all its runs."""
+    from dpbench.analysis.plots import pareto
+
+    frame = load_frame(out)
+    for plot in spec.get("plots", []):
+        if frame.empty or not {plot["x"], plot["y"]} <= set(frame.columns):
+            continue
+        for dataset, group in frame.groupby("dataset"):
+            pareto(group, plot["x"], plot["y"], out / f"pareto_{dataset}_{plot['y']}.png",
+                   str(dataset))
+
+
+def paper_claims(paper: str, spec: dict[str, Any], out: Path) -> list[dict[str, Any]]:
+    """Return the evaluated claims of ``paper`` over every completed run under ``out``."""
+    records = load_completed(out) if out.exists() else []
+    rows = []
+    for claim in spec.get("claims", []):
+        rows.append({**evaluate_claim(claim, records), "paper": spec["short"],
+                     "command": f"make reproduce-{paper.replace('_', '-')}"})
+    return rows
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="dpbench-reproduce", description=__doc__.splitlines()[0])
+    p.add_argument("papers", nargs="+", help=f"{', '.join(PAPERS)} or all")
+    p.add_argument("--scale", choices=("cpu", "paper"), default="cpu")
+    p.add_argument("--out", type=Path, default=Path("outputs"))
+    p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the spec's)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time (joblib launcher)")
+    p.add_argument("--data-root", default=os.environ.get("DPBENCH_DATA_ROOT"),
+                   help="folder of offline data sets (default: $DPBENCH_DATA_ROOT)")
+    p.add_argument("--claims-only", action="store_true", help="only rebuild tables and claims")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = p.parse_args(argv)
+    args.papers = list(PAPERS) if args.papers == ["all"] else args.papers
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[dpbench-reproduce] %(message)s")
+    timings = {}
+    for paper in args.papers:
+        spec = load_spec(paper)
+        out = args.out / "reproduce" / args.scale / paper
+        start = time.perf_counter()
+        if not args.claims_only:
+            run_jobs(sweep_commands(spec, args, out), args.dry_run)
+        timings[paper] = time.perf_counter() - start
+        if out.exists():
+            (out / "tables.md").write_text(paper_tables(spec, out))
+            paper_plots(spec, out)
+    rows = [row for paper in PAPERS for row in paper_claims(
+        paper, load_spec(paper), args.out / "reproduce" / args.scale / paper)]
+    claims_dir = args.out / "claims"
+    claims_dir.mkdir(parents=True, exist_ok=True)
+    text = (f"# Claims of the five papers, dpbench at {args.scale} scale\n\n"
+            + claims_markdown(rows))
+    (claims_dir / "claims.md").write_text(text)
+    (claims_dir / "claims.json").write_text(json.dumps(rows, indent=1, default=str))
+    print(text)
+    for paper, seconds in timings.items():
+        print(f"{paper}: {seconds / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

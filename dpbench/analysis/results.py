@@ -1,0 +1,140 @@
+"""One loader of ``results.json`` records for every table, report and claim.
+
+Records are read as JSON (never unpickled); a file that is not a JSON object with the fields
+a table needs becomes an ``unreadable`` row with the reason, and the rest are still loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+RESULTS_NAME = "results.json"
+
+#: record fields kept as columns (everything else stays in the record)
+_SCALARS = ("method", "method_name", "dataset", "model", "privacy", "seed", "run_name",
+            "target_epsilon", "epsilon", "delta", "noise_multiplier", "sample_rate", "steps",
+            "accountant", "status", "error", "wall_time_s", "private", "grad_sample_mode",
+            "tuning_mode", "tuned_lr", "total_epsilon", "evaluation_split")
+
+
+class Unreadable(ValueError):
+    """A results.json that cannot be reported (not JSON, not a record, wrong types)."""
+
+
+#: keys every record needs, with the types they may have
+_REQUIRED: dict[str, tuple[type, ...]] = {"status": (str,), "dataset": (str,),
+                                          "model": (str,)}
+_OPTIONAL: dict[str, tuple[type, ...]] = {
+    "method": (str,), "method_name": (str,), "error": (str,), "privacy": (str,),
+    "target_epsilon": (int, float, type(None)), "epsilon": (int, float, type(None)),
+    "metrics": (dict, type(None)), "private": (bool, type(None)),
+    "seed": (int, type(None))}
+
+
+def check_record(record: Any) -> dict[str, Any]:
+    """Return ``record`` if a table can use it; raise Unreadable saying why not."""
+    if not isinstance(record, dict):
+        raise Unreadable(f"expected a JSON object, got {type(record).__name__}")
+    missing = [k for k in _REQUIRED if k not in record]
+    if "method" not in record and "method_name" not in record:
+        missing.append("method")
+    if missing:
+        raise Unreadable(f"missing key(s) {', '.join(missing)}")
+    for key, types in {**_REQUIRED, **_OPTIONAL}.items():
+        value = record.get(key)
+        if key in record and (not isinstance(value, types) or (
+                isinstance(value, bool) and bool not in types)):
+            raise Unreadable(f"{key} has the wrong type ({type(value).__name__}: "
+                             f"{str(value)[:40]!r})")
+    return record
+
+
+def iter_records(root: str | Path) -> Iterator[tuple[Path, dict[str, Any] | str]]:
+    """Yield (path, record) for every results.json under ``root``; a reason if unreadable."""
+    for path in sorted(Path(root).rglob(RESULTS_NAME)):
+        try:
+            record = check_record(json.loads(path.read_text()))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, Unreadable) as err:
+            yield path, f"unreadable results.json: {err}"
+            continue
+        yield path, record
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    return str(value)
+
+
+def record_row(record: dict[str, Any]) -> dict[str, Any]:
+    """Return the flat row of one record: its scalar fields plus numeric headline metrics.
+
+    Nested fields (config, history, ledger, ``private_diagnostics``, ...) stay out: the
+    un-privatised training diagnostics are never tabulated by default.
+    """
+    row: dict[str, Any] = {k: v for k, v in record.items() if k != "private_diagnostics"
+                           and (v is None or isinstance(v, (str, int, float, bool)))}
+    metrics = record.get("metrics")
+    if isinstance(metrics, dict):
+        for key, value in metrics.items():
+            number = _number(value)
+            if number is not None and key not in row:
+                row[key] = number
+    tuning = record.get("tuning")
+    if isinstance(tuning, dict):
+        row["tuning_mode"] = _text(tuning.get("mode"))
+        chosen = tuning.get("chosen")
+        if isinstance(chosen, dict):
+            row["tuned_lr"] = _number(chosen.get("method.optimizer.lr"))
+        row["total_epsilon"] = _number(tuning.get("total_epsilon"))
+        row["lr_at_grid_edge"] = tuning.get("at_grid_edge") if isinstance(
+            tuning.get("at_grid_edge"), bool) else None
+    evaluation = record.get("evaluation")
+    if isinstance(evaluation, dict):
+        row["evaluation_split"] = _text(evaluation.get("split"))
+    return row
+
+
+def load_frame(root: str | Path) -> pd.DataFrame:
+    """Return one row per results.json under ``root``, unreadable ones with status 'unreadable'.
+
+    Adds ``label`` (the method's display name; a private method run without privacy is
+    marked ``(non-private)``) and ``tuning`` (``default`` when the run was not tuned).
+    """
+    rows = []
+    for path, record in iter_records(root):
+        if isinstance(record, str):
+            rows.append({"status": "unreadable", "error": record, "run_dir": str(path.parent)})
+            continue
+        rows.append({**record_row(record), "run_dir": str(path.parent)})
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    for col in _SCALARS:
+        if col not in frame:
+            frame[col] = None
+    frame["status"] = frame["status"].fillna("unreadable")
+    name = frame["method_name"].fillna(frame["method"]).fillna("?")
+    nonpriv = (frame["method"] == "nonprivate") & (name != "nonprivate")
+    frame["label"] = name.where(~nonpriv, name + " (non-private)")
+    frame["tuning"] = frame["tuning_mode"].fillna("default")
+    return frame
+
+
+def eps_label(value: Any) -> str:
+    """Return the column label of a target epsilon (``eps=n/a`` for non-private runs)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "eps=n/a"
+    return f"eps={value:g}"

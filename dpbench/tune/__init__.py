@@ -1,0 +1,1 @@
+"""Tuning as part of the protocol: search per cell on a validation split, reuse the choices."""

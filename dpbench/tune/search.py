@@ -1,0 +1,130 @@
+"""The tuning protocol: per cell, search the learning rate on a validation split, then train
+the choice on every seed and evaluate on the test split (docs/tuning-and-claims.md, "Tuning").
+
+- Trials train on the training set minus a fixed validation split (``evaluation.split=
+  validation``) and are scored on that validation split; the test split is never read.
+- ``unaccounted``: the best validation score wins (what papers usually do); the search's
+  privacy cost is not counted, and every table says so.
+- ``accounted``: the choice is made by the exponential mechanism on validation accuracy
+  (McSherry and Talwar 2007; utility sensitivity 1/n_val, so P(i) ~ exp(eps_sel * acc_i *
+  n_val / 2)), and every run that uses the choice reports the total epsilon of all trials,
+  the selection and itself (``choices.total_epsilon``).
+Every trial gets its own run seed and the selection its own random stream, all spawned from
+one master seed (``numpy.random.SeedSequence``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig
+
+from dpbench.privacy.selection import exponential_mechanism, ledgers_epsilon
+from dpbench.tune.choices import cfg_cell_key
+
+log = logging.getLogger(__name__)
+
+#: streams spawned from the master seed, in this order (never reorder: seeds would change)
+_STREAMS = ("trials", "selection")
+
+
+@dataclass
+class TuneSettings:
+    """What to search and how (``dpbench-tune`` options)."""
+
+    lrs: Sequence[float]
+    mode: str = "unaccounted"
+    select: str = "accuracy"
+    validation_fraction: float = 0.15
+    selection_epsilon: float | None = None  # accounted mode; default: the cell's target
+    master_seed: int = 0
+    extra: list[str] = field(default_factory=list)  # overrides for every trial
+
+
+def spawn_seeds(master_seed: int, n_trials: int) -> tuple[list[int], np.random.Generator]:
+    """Return one run seed per trial and the selection's generator, all independent."""
+    trials_ss, selection_ss = np.random.SeedSequence(master_seed).spawn(len(_STREAMS))
+    seeds = [int(s.generate_state(1, dtype=np.uint32)[0]) for s in trials_ss.spawn(n_trials)]
+    return seeds, np.random.default_rng(selection_ss)
+
+
+def search_cell(cell: list[str], settings: TuneSettings,
+                run: Callable[[list[str]], tuple[DictConfig, dict[str, Any]]]) -> dict[str, Any]:
+    """Run the trials of one cell and return its choice (see the module docstring).
+
+    ``run(overrides)`` trains one configuration and returns (config, summary); failed trials
+    raise, and their ledger (``err.ledger``) is still composed into the search.
+    """
+    if settings.mode not in ("accounted", "unaccounted"):
+        raise ValueError(f"mode must be accounted or unaccounted (got {settings.mode!r})")
+    if settings.mode == "accounted" and settings.select != "accuracy":
+        raise ValueError("accounted tuning selects on accuracy (bounded sensitivity 1/n_val); "
+                         f"got --select {settings.select}")
+    seeds, selection_rng = spawn_seeds(settings.master_seed, len(settings.lrs))
+    trials, cfg = [], None
+    for lr, seed in zip(settings.lrs, seeds):
+        overrides = [*cell, *settings.extra, f"method.optimizer.lr={lr}",
+                     "evaluation.split=validation",
+                     f"evaluation.validation_fraction={settings.validation_fraction}",
+                     f"seed={seed}"]
+        try:
+            cfg, summary = run(overrides)
+            score = summary["metrics"].get(settings.select)
+            trials.append({"lr": lr, "seed": seed, "score": score,
+                           "epsilon": summary["epsilon"], "delta": summary["delta"],
+                           "accountant": summary["accountant"],
+                           "validation_size": summary["evaluated_examples"],
+                           "steps": summary["steps"], "ledger": summary["privacy_ledger"]})
+        except Exception as err:  # a failed trial released steps: its ledger still counts
+            log.warning("trial lr=%g failed: %s", lr, err)
+            trials.append({"lr": lr, "seed": seed, "score": None, "failed": str(err),
+                           "ledger": getattr(err, "ledger", None) or []})
+        log.info("cell %s lr=%g: %s=%s", cell, lr, settings.select, trials[-1]["score"])
+    done = [t for t in trials if t["score"] is not None and math.isfinite(t["score"])]
+    if not done or cfg is None:
+        raise RuntimeError(f"every trial of {cell} failed: " + "; ".join(
+            t.get("failed", "non-finite score") for t in trials))
+    choice: dict[str, Any] = {"mode": settings.mode, "select": settings.select,
+                              "grid": list(settings.lrs),
+                              "validation_fraction": settings.validation_fraction,
+                              "trials": [{k: v for k, v in t.items() if k != "ledger"}
+                                         for t in trials]}
+    if settings.mode == "unaccounted":
+        best = max(done, key=lambda t: t["score"])
+    else:
+        eps_sel = settings.selection_epsilon or cfg.privacy.get("target_epsilon")
+        if not eps_sel:
+            raise ValueError("accounted tuning needs a private cell or --selection-epsilon")
+        n_val = min(t["validation_size"] for t in done)
+        best = done[exponential_mechanism([t["score"] for t in done], float(eps_sel),
+                                          1.0 / n_val, selection_rng)]
+        ledger = [e for t in trials for e in t["ledger"]]
+        delta = next(t["delta"] for t in done)
+        accountant = next(t["accountant"] for t in done)
+        choice.update(search_ledger=ledger, selection_epsilon=float(eps_sel), delta=delta,
+                      accountant=accountant,
+                      trials_epsilon=ledgers_epsilon([ledger], delta, accountant))
+        choice["search_epsilon"] = max(choice["trials_epsilon"], float(eps_sel))
+    choice["overrides"] = {"method.optimizer.lr": best["lr"]}
+    # a choice at the end of the grid says the grid may be too narrow (tables flag it)
+    choice["at_grid_edge"] = best["lr"] in (min(settings.lrs), max(settings.lrs)) and len(
+        settings.lrs) > 1
+    if choice["at_grid_edge"]:
+        log.warning("%s: the chosen lr %g is at the edge of the grid", cell, best["lr"])
+    choice["key"] = cfg_cell_key(cfg)
+    return choice
+
+
+def expand_cells(overrides: Sequence[str]) -> list[list[str]]:
+    """Return the cartesian product of ``key=a,b,c`` overrides (bracketed values kept whole)."""
+    cells: list[list[str]] = [[]]
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        values = [value] if not sep or value.startswith(("[", "{", "'", '"')) else value.split(",")
+        cells = [[*cell, f"{key}={v}" if sep else item] for cell in cells for v in values]
+    return cells

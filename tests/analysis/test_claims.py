@@ -1,0 +1,48 @@
+"""Claims: verdicts from paired differences and thresholds; every spec is well formed."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpbench.analysis.claims import evaluate_claim
+from dpbench.analysis.reproduce import PAPERS, load_spec
+
+
+def _runs(method, values, **extra):
+    return [{"method_name": method, "seed": s, "status": "completed", "target_epsilon": 1.0,
+             "metrics": {"accuracy": v}, **extra} for s, v in enumerate(values)]
+
+
+CLAIM = {"claim": "a beats b", "metric": "accuracy", "method": "a", "baseline": "b",
+         "where": {"target_epsilon": [1.0]}}
+
+
+@pytest.mark.parametrize(("a", "b", "verdict"), [
+    ([0.9, 0.91, 0.92], [0.8, 0.82, 0.81], "reproduced"),
+    ([0.8, 0.82, 0.81], [0.9, 0.91, 0.92], "contradicted"),
+    ([0.9, 0.8, 0.85], [0.85, 0.85, 0.85], "inconclusive"),
+])
+def test_difference_claim_verdicts(a, b, verdict):
+    row = evaluate_claim(CLAIM, _runs("a", a) + _runs("b", b))
+    assert row["verdict"] == verdict and "(n=3)" in row["measured"]
+
+
+def test_claim_without_runs_is_not_run_and_thresholds_use_the_ci():
+    assert evaluate_claim(CLAIM, [])["verdict"] == "not run"
+    value = {"claim": "x", "kind": "value", "metric": "accuracy", "method": "a",
+             "threshold": 0.5, "expect": "above"}
+    assert evaluate_claim(value, _runs("a", [0.6, 0.62, 0.61]))["verdict"] == "reproduced"
+    assert evaluate_claim(value, _runs("a", [0.4, 0.42, 0.41]))["verdict"] == "contradicted"
+    nested = {**value, "metric": "method_summary.share"}
+    runs = [{**r, "method_summary": {"share": v}} for r, v in
+            zip(_runs("a", [0, 0, 0]), [0.7, 0.8, 0.75])]
+    assert evaluate_claim(nested, runs)["verdict"] == "reproduced"
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+def test_reproduction_specs_are_complete(paper):
+    spec = load_spec(paper)
+    assert spec["claims"] and spec["sweeps"] and {"cpu", "paper"} <= set(spec["scales"])
+    for claim in spec["claims"]:
+        assert {"claim", "paper_value", "metric"} <= set(claim)
+        assert evaluate_claim(claim, [])["verdict"] == "not run"

@@ -1,0 +1,41 @@
+"""Tables built from results.json records: intervals, verdicts, significant bold, escaping."""
+
+from __future__ import annotations
+
+import json
+
+from dpbench.analysis.results import load_frame
+from dpbench.analysis.tables import baseline_table, cell_table, latex_table
+
+
+def _write(root, name, method, seed, acc, eps=3.0, status="completed"):
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({
+        "method": method, "method_name": method, "dataset": "digits", "model": "mlp",
+        "seed": seed, "target_epsilon": eps, "epsilon": eps, "status": status,
+        "metrics": {"accuracy": acc}, "tuning": {"mode": "unaccounted",
+                                                  "chosen": {"method.optimizer.lr": 0.1}}}))
+
+
+def test_tables_report_intervals_verdicts_and_survive_bad_files(tmp_path):
+    for s, (a, b) in enumerate([(0.90, 0.80), (0.91, 0.82), (0.92, 0.81)]):
+        _write(tmp_path, f"a{s}", "fiber", s, a)
+        _write(tmp_path, f"b{s}", "dpsgd", s, b)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.json").write_text("[1, 2]")
+    frame = load_frame(tmp_path)
+    assert (frame["status"] == "unreadable").sum() == 1
+    table = cell_table(frame, "accuracy")
+    assert "(n=3)" in table.loc[("fiber", "digits", "mlp", "unaccounted"), "eps=3"]
+    versus = baseline_table(frame, "accuracy", "dpsgd")
+    assert versus.iloc[0]["verdict"] == "better" and versus.iloc[0]["n_pairs"] == 3
+    assert r"\textbf{0.910" in latex_table(frame, "accuracy")
+
+
+def test_latex_bolds_nothing_without_a_significant_difference(tmp_path):
+    for s, (a, b) in enumerate([(0.90, 0.91), (0.80, 0.79), (0.85, 0.86)]):
+        _write(tmp_path, f"a{s}", "fi_ber", s, a)
+        _write(tmp_path, f"b{s}", "dpsgd", s, b)
+    tex = latex_table(load_frame(tmp_path), "accuracy")
+    assert r"\textbf" not in tex and r"fi\_ber" in tex
