@@ -38,7 +38,8 @@ def _run(cache: str, mode: str = "hooks") -> tuple[Trainer, dict]:
     data = _data()
     trainer = Trainer(method=get_method("dplora")(optimizer=torch.optim.Adam), model=model,
                       task=TextClassification(data), data=data,
-                      privacy=PrivacyConfig(noise_multiplier=1.0, accountant="rdp"),
+                      privacy=PrivacyConfig(noise_multiplier=1.0, target_epsilon=None,
+                                            accountant="rdp"),
                       trainer=TrainerConfig(epochs=2, batch_size=10, checkpoint=False,
                                             progress=False, device="cpu",
                                             grad_sample_mode=mode, cache_frozen_prefix=cache),
@@ -46,7 +47,7 @@ def _run(cache: str, mode: str = "hooks") -> tuple[Trainer, dict]:
     return trainer, trainer.fit()
 
 
-@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "bk"])
 def test_cached_run_equals_uncached_run(mode):
     torch.set_num_threads(1)
     cached, with_cache = _run("on", mode)
