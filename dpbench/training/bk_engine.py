@@ -70,6 +70,8 @@ class BookKeepingGradients:
         self._layer_names = {m: name for name, m in named}
         self._layer_norm_sq: dict[nn.Module, torch.Tensor] = {}
         self._rules = {m: rule_for(m) for m in layers}
+        self._own = {m: [p for p in m.parameters(recurse=False) if p.requires_grad]
+                     for m in layers}
         self._handles = [m.register_forward_hook(self._record) for m in layers]
 
     def _record(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
@@ -133,7 +135,9 @@ class BookKeepingGradients:
         clipped sums (0 * inf would be NaN), so no second pass is needed.
         """
         losses, finite, layers = self._forward_backward(loss_fn, batch)
-        self._layer_norm_sq = {m: self._rules[m].norm_sq(m, a, g) for m, (a, g) in layers.items()}
+        kept_grads: dict[nn.Parameter, torch.Tensor] = {}  # instantiated per-example grads
+        self._layer_norm_sq = {m: self._rules[m].norm_sq(m, a, g, kept_grads)
+                               for m, (a, g) in layers.items()}
         norm_sq = sum(self._layer_norm_sq.values()) if layers else torch.zeros_like(losses)
         norms = norm_sq.sqrt()
         if finite is None and bool(torch.isfinite(norm_sq.sum())):
@@ -146,11 +150,13 @@ class BookKeepingGradients:
             layers = {m: (_zero_rows(a, ok), _zero_rows(g, ok)) for m, (a, g) in layers.items()}
             self._layer_norm_sq = {m: torch.where(ok, v, torch.zeros_like(v))
                                    for m, v in self._layer_norm_sq.items()}
+            kept_grads = {p: _zero_rows(v, ok) for p, v in kept_grads.items()}
             kept = ok.cpu()
             losses = losses[ok]
-        sums: dict[nn.Parameter, torch.Tensor] = {}
+        sums = {p: torch.einsum("b,b...->...", factors, v) for p, v in kept_grads.items()}
         for module, (a, g) in layers.items():
-            sums.update(self._rules[module].clipped(module, a, g, factors))
+            if not all(p in kept_grads for p in self._own[module]):
+                sums.update(self._rules[module].clipped(module, a, g, factors))
         zeros = torch.zeros_like
         out = [sums[p] if p in sums else zeros(p) for p in self.params]
         return out, norms, factors, losses, kept
