@@ -94,7 +94,8 @@ def _opacus_step(model, mode: str, x, y) -> Callable[[], None]:
 
 
 def bench_model(name: str, modes: list[str], opacus_modes: list[str], batch: int, shape,
-                device: torch.device, reps: int, warmup: int) -> dict[str, float]:
+                device: torch.device, reps: int, warmup: int,
+                clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Return the median step time (s) of each variant ("nonprivate", "dpbench <mode>",
     "opacus <mode>") on one model and batch, repetitions interleaved; failed variants map to
     nan."""
@@ -118,10 +119,10 @@ def bench_model(name: str, modes: list[str], opacus_modes: list[str], batch: int
 
     def timed(fn) -> float:
         _sync(device)
-        start = time.perf_counter()
+        start = clock()
         fn()
         _sync(device)
-        return time.perf_counter() - start
+        return clock() - start
 
     for key, fn in list(steps.items()):
         try:
@@ -157,14 +158,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: this thread's CPU time (needs --threads 1 on CPU); on a "
+                             "loaded machine it is not inflated by waiting for a core")
     args = parser.parse_args(argv)
+    if args.clock == "cpu" and (args.threads != 1 or args.device == "cuda"):
+        parser.error("--clock cpu measures one thread: use it with --threads 1 on CPU")
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else ("cpu" if args.device == "auto" else args.device))
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"load average {load[0]:.1f} (cpus {os.cpu_count()})")
+          f"clock {args.clock}, load average {load[0]:.1f} (cpus {os.cpu_count()})")
     print("| model | variant | batch | ms / step | / non-private | / best Opacus |")
     print("|---|---|---|---|---|---|")
     for name in args.models:
@@ -172,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         batch = args.batch_size or (b_gpu if device.type == "cuda" else b_cpu)
         reps = args.reps if name != "resnet18" or device.type == "cuda" else min(args.reps, 6)
         r = bench_model(name, args.modes, args.opacus_modes, batch, shape, device, reps,
-                        args.warmup)
+                        args.warmup, clock)
         base = r["nonprivate"]
         opacus = [v for k, v in r.items() if k.startswith("opacus") and v == v]
         best = min(opacus) if opacus else float("nan")
