@@ -125,7 +125,9 @@ def test_extreme_accepted_settings_stay_within_the_grid_caps(sigma, q, steps):
     base = pld.base_pld(sigma, q, interval)
     for pmf in (base._pmf_remove, base._pmf_add):
         assert pmf.size <= 2 * pld.BASE_POINTS_CAP
-    assert pld._composed_points(base, steps) <= pld.COMPOSED_POINTS_CAP
+    assert pld._composed_points(sigma, q, interval, steps) <= pld.COMPOSED_POINTS_CAP
+    composed = base.self_compose(steps)
+    assert composed._pmf_remove.size <= pld.COMPOSED_POINTS_CAP
     eps = compose_epsilon([(sigma, q, steps)], DELTA)
     assert eps > 0 and not math.isnan(eps)
 
