@@ -87,9 +87,16 @@ def canonical_groups(history: Iterable[Group], bits: int = 36) -> tuple[Group, .
         key = (round_down(float(sigma), bits), min(round_up(float(q), bits), 1.0))
         merged[key] = merged.get(key, 0) + int(steps)
     groups = tuple(sorted((s, q, k) for (s, q), k in merged.items()))
-    if len(groups) > MAX_GROUPS and bits > 4:
+    if len(groups) <= MAX_GROUPS:
+        return groups
+    if bits > 4:
         return canonical_groups(groups, bits - 8)
-    return groups
+    # still too many: MAX_GROUPS runs of consecutive sigmas, each at its smallest sigma and
+    # largest q (both only increase epsilon)
+    size = math.ceil(len(groups) / MAX_GROUPS)
+    chunks = [groups[i:i + size] for i in range(0, len(groups), size)]
+    return canonical_groups([(min(s for s, _, _ in c), max(q for _, q, _ in c),
+                              sum(k for _, _, k in c)) for c in chunks], bits)
 
 
 def interval_for(total_steps: int) -> float:
