@@ -181,6 +181,8 @@ def _read_csv(path: Path) -> pd.DataFrame:
                         "folder that holds ETT-small/")
     try:
         return pd.read_csv(path)
+    except pd.errors.EmptyDataError as err:
+        raise DataError(f"{path} is empty (not even a header row)") from err
     except Exception as err:  # noqa: BLE001 - pandas raises many kinds on a bad file
         raise read_failed(path, err) from err
 
@@ -213,6 +215,48 @@ for _key in ETT_FILES:
     register_dataset(_key)(_ett_builder(_key))
 
 
+def _numeric_columns(frame: pd.DataFrame, columns: list[str], path: str) -> pd.DataFrame:
+    """Return ``frame`` with ``columns`` as floats; an empty cell is NaN (unobserved).
+
+    A cell that is present but not a number is an error naming its column and row, never a
+    reason to drop the column.
+    """
+    frame = frame.copy()
+    for col in columns:
+        values = pd.to_numeric(frame[col], errors="coerce")
+        text = frame[col].astype("string").str.strip()
+        bad = values.isna() & frame[col].notna() & (text != "")
+        if bad.any():
+            row = int(bad.to_numpy().nonzero()[0][0])
+            raise DataError(
+                f"dataset.path {path}: column {col!r} has {int(bad.sum())} non-numeric "
+                f"cell(s), first {frame[col].iloc[row]!r} in data row {row + 1}; fix the file, "
+                f"leave missing values empty, or leave the column out with dataset.columns")
+        frame[col] = values.astype(np.float32)
+    return frame
+
+
+def _check_dates(dates: pd.Series, date_column: str, path: str) -> None:
+    """Raise DataError naming the first cell of ``date_column`` that is not a date."""
+    parsed = pd.to_datetime(dates, errors="coerce")  # as build_series_task parses them
+    bad = parsed.isna()
+    if bad.any():
+        row = int(bad.to_numpy().nonzero()[0][0])
+        raise DataError(f"dataset.date_column {date_column!r} of {path} has {int(bad.sum())} "
+                        f"cell(s) that are not dates, first {dates.iloc[row]!r} in data row "
+                        f"{row + 1}")
+
+
+def _check_observed(scaling_rows: pd.DataFrame, path: str) -> None:
+    """Raise DataError for a column with no value in the rows that set the public scaling."""
+    empty = [c for c in scaling_rows.columns if scaling_rows[c].isna().all()]
+    if empty:
+        raise DataError(
+            f"dataset.path {path}: column(s) {empty} have no observed value in the validation "
+            f"rows that set dataset.scaling=public; leave them out with dataset.columns or use "
+            f"dataset.scaling=fixed with dataset.loc/dataset.scale")
+
+
 @register_dataset("csv_timeseries")
 def build_csv_timeseries(path: str | None = None, date_column: str = "date",
                          columns: list[str] | None = None,
@@ -231,17 +275,22 @@ def build_csv_timeseries(path: str | None = None, date_column: str = "date",
     frame = _read_csv(Path(path).expanduser())
     if date_column not in frame.columns:
         raise ConfigError(f"dataset.date_column {date_column!r} is not a column of {path}")
-    cols = list(columns) if columns else [c for c in frame.columns if c != date_column
-                                          and pd.api.types.is_numeric_dtype(frame[c])]
+    if frame.empty:
+        raise DataError(f"dataset.path {path} has a header but no rows")
+    cols = list(columns) if columns else [c for c in frame.columns if c != date_column]
     missing_cols = [c for c in cols if c not in frame.columns]
     if missing_cols or not cols:
         raise ConfigError(f"dataset.columns {missing_cols or cols} not found in {path}")
+    frame = _numeric_columns(frame, cols, path)
+    _check_dates(frame[date_column], date_column, path)
     fr = [float(f) for f in split_fractions]
     if len(fr) != 3 or min(fr) <= 0 or abs(sum(fr) - 1) > 1e-6:
         raise ConfigError(f"dataset.split_fractions must be 3 positive numbers summing to 1 "
                           f"(got {split_fractions})")
     n = len(frame)
     borders = (int(n * fr[0]), int(n * (fr[0] + fr[1])), n)
+    if scaling == "public":
+        _check_observed(frame[cols].iloc[borders[0]:borders[1]], path)
     spec = WindowSpec(window, mode, missing, missing_ratio, horizon, train_stride, test_stride)
     return build_series_task(Path(path).stem, frame, cols, date_column, borders, spec, scaling,
                              loc, scale, max_train_windows, max_test_windows)

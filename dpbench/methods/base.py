@@ -1,8 +1,8 @@
 """The method plugin interface: one DP step split into stages a method may override.
 
-The loop (``dpbench.training.loop``) runs DESIGN.md's step; a method overrides only the stages
-that define it. Stages that touch raw data or privacy (per-example gradients, noise, the
-accountant) belong to the loop and are not hooks:
+The loop (``dpbench.training.loop``) runs the step of docs/adding-a-method.md; a method
+overrides only the stages that define it. Stages that touch raw data or privacy (per-example
+gradients, noise, the accountant) belong to the loop and are not hooks:
 
 ====  ==============================  =========================================================
  0    ``configure_model(model)``       model-side methods (e.g. bounded AdaLN modulation)
@@ -52,7 +52,8 @@ class StepContext:
     sample_rate: float
     dataset_size: int
     total_steps: int
-    generator: torch.Generator | None = None  # the loop's noise RNG, for method-side sampling
+    generator: torch.Generator | None = None  # the loop's noise RNG (the release only)
+    method_generator: torch.Generator | None = None  # the method's own stream (posterior draws)
     noise_std: float = 0.0  # per-coordinate std of the released mean gradient, set by the loop
 
 

@@ -71,21 +71,28 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
 
 
 def _poison(trainer, bad_steps: set[int]):
-    """Make the per-example loss NaN at the given steps (a fault, not a config)."""
-    loss_fn = trainer.task.per_example_loss
+    """Make the update turn the weights NaN at the given steps (a fault, not a config).
 
-    def poisoned(model, batch):
-        losses = loss_fn(model, batch)
-        return losses * math.nan if trainer.step in bad_steps else losses
+    A NaN *example* is dropped before the noise and never stops a run
+    (tests/training/test_nonfinite.py); only released quantities and their post-processing,
+    such as the updated weights, decide.
+    """
+    update = trainer.method.update
 
-    trainer.task.per_example_loss = poisoned
+    def poisoned(grads, ctx):
+        update(grads, ctx)
+        if ctx.step in bad_steps:
+            with torch.no_grad():
+                trainer.params[0].fill_(math.nan)
+
+    trainer.method.update = poisoned
 
 
 def test_nan_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path):
     trainer = build_trainer(compose_config(*RUN), tmp_path)
     per_epoch = trainer.plan.steps_per_epoch
     _poison(trainer, {per_epoch + 3})  # in epoch 2
-    with pytest.raises(TrainingDiverged, match="non-finite loss or gradient at step"):
+    with pytest.raises(TrainingDiverged, match="non-finite released gradient or update at step"):
         trainer.fit()
     state = load_checkpoint(tmp_path / CHECKPOINT_NAME)
     assert state["epoch"] == 1 and state["step"] == per_epoch
@@ -106,12 +113,27 @@ def test_nan_skip_skips_the_update_but_accounts_the_step(tmp_path):
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
 
 
+class NaNAfterStepSGD(torch.optim.SGD):
+    """SGD whose every step leaves NaN weights: a fault (``lr=nan`` is refused at setup)."""
+
+    def step(self, closure=None):
+        out = super().step(closure)
+        with torch.no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.fill_(math.nan)
+        return out
+
+
+NAN_SGD = f"method.optimizer._target_={__name__}.NaNAfterStepSGD"
+
+
 def test_nan_through_the_cli_exits_1_with_a_failed_record(tmp_path, monkeypatch, capfd):
     run_dir = tmp_path / "run"
-    code = run_cli(_hydra_entry, [*RUN, "trainer.epochs=1", "method.optimizer.lr=nan",
+    code = run_cli(_hydra_entry, [*RUN, "trainer.epochs=1", NAN_SGD,
                                   f"hydra.run.dir={run_dir}"], monkeypatch)
     assert code == 1
-    assert "non-finite loss or gradient" in capfd.readouterr().err
+    assert "non-finite released gradient or update" in capfd.readouterr().err
     record = json.loads((run_dir / "results.json").read_text())
     assert record["status"] == "failed" and record["error"].startswith("TrainingDiverged")
 
@@ -161,24 +183,26 @@ def test_a_failing_sweep_job_does_not_stop_the_others(tmp_path, monkeypatch):
     sweep = tmp_path / "sweep"
     code = run_cli(_hydra_entry, [
         "-m", "model.hidden=16", "trainer.epochs=1", "trainer.batch_size=64,5000",
-        "method.optimizer.lr=0.5,nan", "trainer.device=cpu,cuda:99",
+        f"method.optimizer._target_=torch.optim.SGD,{__name__}.NaNAfterStepSGD",
+        "trainer.device=cpu,cuda:99",
         f"hydra.sweep.dir={sweep}"], monkeypatch, quiet=("logger=none", "trainer.progress=false"))
     assert code == 0
     records = {}
     for path in sweep.glob("*/results.json"):
         cfg = (r := json.loads(path.read_text()))["config"]
-        records[(cfg["trainer"]["batch_size"], str(cfg["method"]["optimizer"]["lr"]),
-                 cfg["trainer"]["device"])] = r
+        optimizer = cfg["method"]["optimizer"]["_target_"].rsplit(".")[-1]
+        records[(cfg["trainer"]["batch_size"], optimizer, cfg["trainer"]["device"])] = r
     assert len(records) == 8  # every job left a record
-    assert records[(64, "0.5", "cpu")]["status"] == "completed"
-    nan = records[(64, "None", "cpu")]  # NaN is stored as null
+    assert records[(64, "SGD", "cpu")]["status"] == "completed"
+    nan = records[(64, "NaNAfterStepSGD", "cpu")]
     assert nan["status"] == "failed" and nan["error"].startswith("TrainingDiverged")
-    for lr in ("0.5", "None"):
-        crash = records[(64, lr, "cuda:99")]
+    for opt in ("SGD", "NaNAfterStepSGD"):
+        crash = records[(64, opt, "cuda:99")]
         assert crash["status"] == "failed" and crash["failed_stage"] == "setup"
-        for device in ("cpu", "cuda:99"):
-            bad = records[(5000, lr, device)]
-            assert bad["status"] == "failed" and "trainer.batch_size must be <= N" in bad["error"]
+        bad = records[(5000, opt, "cpu")]
+        assert bad["status"] == "failed" and "trainer.batch_size must be <= N" in bad["error"]
+        # a missing device is refused first, before the data-dependent batch check
+        assert "trainer.device=cuda:99" in records[(5000, opt, "cuda:99")]["error"]
     from dpbench.report import build_report
 
     _, markdown = build_report(sweep)  # the report lists the failures with their errors
