@@ -10,9 +10,9 @@ concatenated privacy ledgers of all trials to one accountant of ``dpbench.privac
 (``compose_ledgers``; the trials' own accountant) and reports that epsilon. A trial that fails
 after releasing steps keeps its ledger: those releases happened and are composed too.
 Composition of independent mechanisms needs independent randomness: every trial gets its own
-run seed, spawned from the search's master seed (``numpy.random.SeedSequence.spawn``), so no
-two trials share a Poisson sampler or a noise stream; the hyper-parameter draws are another
-spawned stream. Choosing the best trial by
+run seed, spawned from the search's master seed (``numpy.random.SeedSequence`` through
+``dpbench.utils.seeding``), so no two trials share a Poisson sampler or a noise stream; the
+hyper-parameter draws are another spawned stream. Choosing the best trial by
 a score on *held-out* data (never the training set) is post-processing (Dwork and Roth 2014,
 Prop. 2.1) and costs nothing more. (Liu and Talwar 2019 and Papernot and Steinke 2022 give
 tighter bounds for a *random* number of trials; with a fixed K, composition is the theorem
@@ -38,35 +38,33 @@ from dpbench.data.base import SPLIT_SEED
 from dpbench.errors import ConfigError
 from dpbench.privacy.composition import compose_ledgers
 from dpbench.utils.io import atomic_write_json
+from dpbench.utils.seeding import stream_seed
 
 log = logging.getLogger(__name__)
 
 
-def search_streams(master_seed: int, trials: int) -> tuple[np.random.SeedSequence, list[int]]:
-    """Return the hyper-parameter draws' seed sequence and one distinct run seed per trial.
+def search_streams(master_seed: int, trials: int) -> tuple[int, list[int]]:
+    """Return the seed of the hyper-parameter draws and one distinct run seed per trial.
 
-    Both are spawned from ``master_seed`` (``SeedSequence(master).spawn``): the draws and each
-    trial's run (which spawns its own sampler and noise streams from its seed) never share a
-    seed. Run seeds are 31-bit so that every consumer accepts them.
+    Both come from ``master_seed`` through the run's stream registry (``stream_seed``: the
+    ``hpo_draws`` stream, and the ``hpo_trial`` stream indexed by trial), so the draws and
+    every trial's run (which spawns its own sampler and noise streams from its seed) never
+    share a seed.
     """
-    draws, runs = np.random.SeedSequence(master_seed).spawn(2)
-    seeds: list[int] = []
-    for child in runs.spawn(trials):
-        words = child.generate_state(8, np.uint32)
-        seeds.append(next(int(w >> 1) for w in words if int(w >> 1) not in seeds))
-    return draws, seeds
+    seeds = [stream_seed(master_seed, "hpo_trial", i) for i in range(trials)]
+    if len(set(seeds)) != len(seeds):  # 63-bit seeds: never in practice, but never silent
+        raise ConfigError(f"--seed {master_seed}: two trials drew the same run seed")
+    return stream_seed(master_seed, "hpo_draws"), seeds
 
 
-def sample_trials(trials: int, seed: int | np.random.SeedSequence,
-                  lr_range: tuple[float, float], batch_sizes: list[int],
-                  clip_floors: list[float] | None) -> list[dict]:
+def sample_trials(trials: int, seed: int, lr_range: tuple[float, float],
+                  batch_sizes: list[int], clip_floors: list[float] | None) -> list[dict]:
     """Return ``trials`` configurations: lr log-uniform in lr_range, B and C_LB uniform.
 
     C_LB has its own spawned stream, so methods searched with the same seed share their
     (lr, B) draws.
     """
-    root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
-    rng, floor_rng = (np.random.default_rng(s) for s in root.spawn(2))
+    rng, floor_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     out = []
     for _ in range(trials):
         trial = {"method.optimizer.lr": float(np.exp(rng.uniform(*np.log(lr_range)))),
