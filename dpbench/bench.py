@@ -20,8 +20,9 @@ from dpbench.methods import get_method
 from dpbench.methods.base import StepContext
 from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
-from dpbench.training.per_example import GRAD_SAMPLE_MODES, PerExampleGradients
+from dpbench.training.per_example import PerExampleGradients
 from dpbench.training.step import private_release
+from dpbench.utils.conf import GRAD_SAMPLE_MODES
 
 #: model -> (input shape, batch size on CPU, batch size on CUDA)
 DEFAULT_MODELS = {"mlp": ((1, 8, 8), 256, 1024), "cnn2": ((1, 28, 28), 256, 1024),

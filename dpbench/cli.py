@@ -25,13 +25,12 @@ from omegaconf import DictConfig, OmegaConf
 from dpbench.config.schema import register_schemas
 from dpbench.errors import DataError, DPBenchError
 from dpbench.logging.results import RESULTS_NAME, failed_record, write_record
+from dpbench.utils.conf import CONF_DIR
 from dpbench.utils.io import atomic_write_bytes
 from dpbench.utils.lock import RunDirLock
 from dpbench.utils.paths import check_path_values, check_run_dir, register_path_resolver
 
 log = logging.getLogger("dpbench")
-CONF_DIR = os.environ.get("DPBENCH_CONFIG_DIR",
-                          str(Path(__file__).resolve().parent.parent / "conf"))
 register_schemas()
 register_path_resolver()
 
@@ -51,9 +50,9 @@ def _fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-def _os_error(err: OSError, fallback: Path) -> str:
-    """Return 'cannot write PATH: REASON' for a failed file operation."""
-    return f"cannot write {err.filename or fallback}: {err.strerror or err}"
+def _os_error(err: OSError, fallback: Path, doing: str = "") -> str:
+    """Return '[DOING ]PATH: REASON' for a failed file operation."""
+    return f"{doing}{err.filename or fallback}: {err.strerror or err}"
 
 
 def _make_dirs(path: Path, key: str) -> list[Path]:
@@ -176,7 +175,8 @@ def run_job(cfg: DictConfig) -> dict | None:
     try:
         lock.acquire()
     except (DPBenchError, OSError) as err:
-        _print_error(str(err) if isinstance(err, DPBenchError) else _os_error(err, run_dir))
+        _print_error(str(err) if isinstance(err, DPBenchError)
+                     else _os_error(err, run_dir, "cannot write into hydra.run.dir: "))
         _remove_created(created)
         if multirun:
             return None
@@ -223,7 +223,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo) -> dict | 
         atomic_write_bytes(config_path, OmegaConf.to_yaml(cfg, resolve=True).encode())
         handler = logging.FileHandler(run_dir / "run.log")
     except OSError as err:  # read-only or full output folder: nothing trained yet
-        _print_error(_os_error(err, run_dir))
+        _print_error(_os_error(err, run_dir, "cannot write "))
         if not had_config:
             config_path.unlink(missing_ok=True)
         if multirun:

@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader, Subset
 
 from dpbench.data.base import SPLIT_SEED
 from dpbench.errors import ConfigError
+from dpbench.privacy import DEFAULT_ACCOUNTANT
 from dpbench.privacy.composition import compose_ledgers
 from dpbench.utils.io import atomic_write_json
 from dpbench.utils.seeding import stream_seed
@@ -92,13 +93,10 @@ def run_trial(overrides: list[str], run_dir: Path | None,
     A trial that fails during training returns a ``failed`` record that still carries the
     ledger of the steps it released (they count towards the search's epsilon).
     """
-    from hydra import compose, initialize_config_dir
-
-    from dpbench.cli import CONF_DIR
+    from dpbench.config.compose import compose_config
     from dpbench.experiment import build_trainer
 
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
+    cfg = compose_config(overrides)
     trainer = build_trainer(cfg, run_dir, callbacks)
     try:
         summary = trainer.fit()
@@ -124,9 +122,9 @@ def _privacy_facts(trainer: Any) -> dict[str, Any]:
 
 
 def _search_accountant(records: list[dict]) -> str:
-    """Return the trials' accountant, or RDP (valid for any mix) if they differ."""
+    """Return the trials' accountant, or the default one (valid for any mix) if they differ."""
     names = {r["accountant"] for r in records if r.get("accountant")}
-    return names.pop() if len(names) == 1 else "rdp"
+    return names.pop() if len(names) == 1 else DEFAULT_ACCOUNTANT
 
 
 def random_search(base: list[str], trials: list[dict], select: str,

@@ -3,7 +3,9 @@
 Prints a method x epsilon table (mean +- std over seeds, markdown) and writes, into DIR:
 ``report.md``, ``report.csv`` (the aggregated table), ``report.tex`` (LaTeX), ``runs.csv``
 (one row per run, failed ones with their error) and ``privacy_utility.png``.
-A failed run shows as failed, not missing.
+A failed run shows as failed, not missing; a results.json that cannot be reported (not a
+record, missing keys, wrong types) is listed as unreadable with the reason, and the rest is
+still reported. Text is escaped for markdown tables and LaTeX.
 """
 
 from __future__ import annotations
@@ -52,8 +54,9 @@ def record_row(record: Any) -> dict[str, Any]:
                 isinstance(value, bool) and bool not in types)):
             raise Unreadable(f"{key} has the wrong type ({type(value).__name__}: "
                              f"{str(value)[:40]!r})")
-    row = {k: v for k, v in record.items()
-           if k not in ("config", "history", "metrics", "privacy_ledger", "method_summary")
+    row = {k: v for k, v in record.items()  # private_diagnostics: never shown
+           if k not in ("config", "history", "metrics", "privacy_ledger", "method_summary",
+                        "private_diagnostics")
            and (v is None or isinstance(v, (str, int, float, bool)))}
     for k, v in (record.get("metrics") or {}).items():
         if _is_number(v) or v is None:
@@ -235,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="dpbench-report",
         description="Gather results.json files under DIR into a method x epsilon table "
                     "(mean ± std over seeds; markdown on stdout; CSV, LaTeX, runs.csv and a "
-                    "privacy-utility PNG written into DIR). Failed runs are listed as failed.")
+                    "privacy-utility PNG written into DIR). Failed runs are listed as failed, "
+                    "unreadable results.json files with the reason.")
     parser.add_argument("dir", help="a sweep directory, e.g. outputs/multirun/<sweep>")
     parser.add_argument("--metric", default="accuracy",
                         help="metric from results.json's metrics (default: accuracy)")

@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
-from dpbench.cli import CONF_DIR
+from dpbench.config.compose import compose_config
 from dpbench.experiment import build_trainer
 
 METHODS = ("dpadamw", "disk", "fiber")
@@ -29,8 +28,7 @@ DEFAULTS = ["logger=none", "trainer.progress=false", "trainer.checkpoint=false"]
 
 
 def _trainer(method: str, overrides: list[str]):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=[*overrides, *DEFAULTS, f"method={method}"])
+    cfg = compose_config([*overrides, *DEFAULTS, f"method={method}"])
     return build_trainer(cfg, None)
 
 

@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-PYTHONPATH=. nice -n 10 "$PY" scripts/privacy_matrix.py "$@"
+PYTHONPATH=. nice -n 10 "$PY" -m tests.privacy.matrix "$@"
 PYTHONPATH=. "$PY" -m pytest -q tests/test_bad_input.py tests/training/test_faults.py \
   tests/privacy/test_ledger_check.py tests/training/test_sensitivity.py tests/audit

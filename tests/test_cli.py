@@ -94,7 +94,7 @@ BAD_INPUT = [
     (["privacy.target_epsilon=nan"], r"privacy\.target_epsilon must be a number > 0"),
     (["privacy.delta=0.01"], r"privacy\.delta must be < 1/N"),
     (["privacy.clip_norm=0"], r"privacy\.clip_norm must be a number > 0"),
-    (["privacy.accountant=moments"], r"privacy\.accountant must be one of prv, rdp, gdp"),
+    (["privacy.accountant=moments"], r"privacy\.accountant must be one of pld, prv, rdp"),
     (["trainer.batch_size=100000"], r"trainer\.batch_size must be <= N = 1438"),
     (["method=no_such_method"], r"method/no_such_method"),
     (["dataset=no_such_data"], r"dataset/no_such_data"),

@@ -59,15 +59,12 @@ class StepTimer(Callback):
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     """Compose the config from Hydra overrides, train once with the timer; print the ratio."""
-    from hydra import compose, initialize_config_dir
-
-    from dpbench.cli import CONF_DIR
+    from dpbench.config.compose import compose_config
     from dpbench.experiment import build_trainer
 
     overrides = list(sys.argv[1:] if argv is None else argv)
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=["logger=none", "trainer.progress=false",
-                                           "trainer.checkpoint=false", *overrides])
+    cfg = compose_config(["logger=none", "trainer.progress=false", "trainer.checkpoint=false",
+                          *overrides])
     timer = StepTimer()
     build_trainer(cfg, None, callbacks=[timer]).fit()
     result = timer.ratio()

@@ -15,8 +15,8 @@ import torch
 from hydra.core.config_store import ConfigStore
 
 from dpbench.errors import ConfigError
-from dpbench.privacy.accountant import ACCOUNTANTS
-from dpbench.training.per_example import GRAD_SAMPLE_MODES
+from dpbench.privacy.accountant import DEFAULT_ACCOUNTANT, check_accountant
+from dpbench.utils.conf import GRAD_SAMPLE_MODES
 
 
 def _is_number(value: Any) -> bool:
@@ -50,8 +50,8 @@ class PrivacyConfig:
     name: str = "eps3"
     enabled: bool = True
     target_epsilon: float | None = 3.0
-    delta: float | None = None  # None: min(1e-5, 1/N'), N' = N rounded up to a power of ten
-    accountant: str = "prv"
+    delta: float | None = None  # None: min(1e-5, 1/N'), N' the smallest power of ten > N
+    accountant: str = DEFAULT_ACCOUNTANT  # pld | prv | rdp (docs/accounting.md)
     clip_norm: float = 1.0
     noise_multiplier: float | None = None  # fixed sigma instead of a target epsilon
 
@@ -59,7 +59,8 @@ class PrivacyConfig:
         if not self.enabled:
             ignored = [f"privacy.{k}={v!r}" for k, v in (
                 ("target_epsilon", self.target_epsilon),
-                ("noise_multiplier", self.noise_multiplier)) if v is not None]
+                ("noise_multiplier", self.noise_multiplier), ("delta", self.delta))
+                if v is not None]
             if ignored:
                 raise ConfigError(f"privacy.enabled=false (no noise, epsilon = inf) would ignore "
                                   f"{', '.join(ignored)}; drop it or pick a private option "
@@ -84,9 +85,7 @@ class PrivacyConfig:
         if math.isinf(self.clip_norm):
             raise ConfigError("privacy.clip_norm must be finite (got inf): an infinite bound "
                               "clips nothing and the noise scaled to it is infinite")
-        if self.accountant not in ACCOUNTANTS:
-            raise ConfigError(f"privacy.accountant must be one of {', '.join(ACCOUNTANTS)} "
-                              f"(got {self.accountant!r})")
+        check_accountant(self.accountant)
 
 
 @dataclass
@@ -207,7 +206,12 @@ def check_privacy_matches_method(method_name: str, method_private: bool,
 
 
 def register_schemas() -> None:
-    """Register the schemas so ``conf/privacy`` and ``conf/trainer`` files are type-checked."""
+    """Register the schemas so ``conf/privacy``, ``conf/trainer`` and ``conf/method`` files
+    are type-checked; each method's settings dataclass is ``method/settings/<name>``."""
+    from dpbench.methods import METHODS
+
     cs = ConfigStore.instance()
     cs.store(group="privacy", name="privacy_schema", node=PrivacyConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+    for name in METHODS.names():
+        cs.store(group="method/settings", name=name, node=METHODS.get(name).settings_cls)

@@ -12,6 +12,12 @@ config; ``scaling: none`` leaves values as they are. The training months are nev
 constants. Test masks are drawn once from a fixed seed (the same for every run); training
 masks are drawn afresh every step by the ``ts_diffusion`` task.
 
+Privacy unit: DP-SGD protects one training *window*. With the default stride 1 an observation
+(one time step, all channels) lies in up to ``window`` overlapping windows, so the guarantee is
+per window, not per observation. ``privacy_unit: observation`` cuts non-overlapping training
+windows (stride = window), so each observation lies in exactly one window and the window
+guarantee covers it. results.json records the unit that holds (``privacy_unit``).
+
 ETT splits (Informer convention, 12/4/4 months): ETTh rows [0, 8640), [8640 - L, 11520),
 [11520 - L, 14400); ETTm the same times 4.
 """
@@ -37,6 +43,7 @@ ETT_HOURLY_BORDERS = (8640, 11520, 14400)  # ends of train, val, test (rows, hou
 MODES = ("imputation", "forecast")
 MISSING = ("random", "block")
 SCALINGS = ("public", "fixed", "none")
+PRIVACY_UNITS = ("window", "observation")
 NUM_TIME_FEATURES = 5
 
 
@@ -49,8 +56,9 @@ class WindowSpec:
     missing: str = "random"
     missing_ratio: float = 0.3
     horizon: int = 0
-    train_stride: int = 1
+    train_stride: int | None = None  # None: 1, or ``window`` for privacy_unit=observation
     test_stride: int = 24
+    privacy_unit: str = "window"  # what one DP "example" protects: window | observation
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -65,8 +73,26 @@ class WindowSpec:
         if self.mode == "forecast" and not 0 < self.horizon < self.window:
             raise ConfigError(f"dataset.horizon must be in (0, window={self.window}) for "
                               f"forecasting (got {self.horizon})")
+        if self.privacy_unit not in PRIVACY_UNITS:
+            raise ConfigError(f"dataset.privacy_unit must be one of {PRIVACY_UNITS} "
+                              f"(got {self.privacy_unit!r})")
+        if self.train_stride is None:
+            self.train_stride = self.window if self.privacy_unit == "observation" else 1
         if self.train_stride < 1 or self.test_stride < 1:
             raise ConfigError("dataset.train_stride and dataset.test_stride must be >= 1")
+        if self.privacy_unit == "observation" and self.train_stride < self.window:
+            raise ConfigError(
+                "dataset.privacy_unit=observation needs non-overlapping training windows: "
+                f"dataset.train_stride >= dataset.window = {self.window} (got "
+                f"{self.train_stride}); leave train_stride null to use the window")
+
+    def recorded_unit(self) -> str:
+        """Return the privacy unit that holds: ``observation`` if no two windows overlap."""
+        return "observation" if self.train_stride >= self.window else "window"
+
+    def windows_per_observation(self) -> int:
+        """Return the most training windows one observation lies in: ceil(window / stride)."""
+        return -(-self.window // self.train_stride)
 
 
 def time_features(dates: pd.DatetimeIndex) -> np.ndarray:
@@ -164,14 +190,18 @@ def build_series_task(name: str, frame: pd.DataFrame, columns: list[str], date_c
     train_target = draw_target_mask(train_o, spec, gen)  # replaced every step by the task
     notes = [f"{name}: values scaled with {scaling} constants"
              + (" (mean/std of the validation months, treated as public)"
-                if scaling == "public" else "")]
+                if scaling == "public" else ""),
+             f"{name}: privacy unit {spec.recorded_unit()}: one observation lies in at most "
+             f"{spec.windows_per_observation()} training window(s) (stride "
+             f"{spec.train_stride}, window {L})"]
     return TaskData(
         name=name, task=TASK,
         train=TensorDataset(train_v, train_o, train_target, train_f),
         test=TensorDataset(test_v, test_o, test_target, test_f),
         input_shape=(L, len(columns)), notes=notes,
         extras={"channels": list(columns), "loc": mu.tolist(), "scale": sd.tolist(),
-                "num_time_features": NUM_TIME_FEATURES, "window_spec": spec},
+                "num_time_features": NUM_TIME_FEATURES, "window_spec": spec,
+                "privacy_unit": spec.recorded_unit()},
     )
 
 
@@ -189,10 +219,10 @@ def _read_csv(path: Path) -> pd.DataFrame:
 
 def _ett_builder(key: str):
     def build(root=None, window: int = 24, mode: str = "imputation", missing: str = "random",
-              missing_ratio: float = 0.3, horizon: int = 0, train_stride: int = 1,
+              missing_ratio: float = 0.3, horizon: int = 0, train_stride: int | None = None,
               test_stride: int = 24, scaling: str = "public", loc=None, scale=None,
               max_train_windows: int | None = None, max_test_windows: int | None = None,
-              **_: object) -> TaskData:
+              privacy_unit: str = "window", **_: object) -> TaskData:
         """Return an ETT task with the standard 12/4/4-month split."""
         data_root = resolve_data_root(root)
         if data_root is None:
@@ -202,7 +232,7 @@ def _ett_builder(key: str):
         factor = 4 if key.startswith("ettm") else 1
         borders = tuple(b * factor for b in ETT_HOURLY_BORDERS)
         spec = WindowSpec(window, mode, missing, missing_ratio, horizon, train_stride,
-                          test_stride)
+                          test_stride, privacy_unit)
         columns = [c for c in frame.columns if c != "date"]
         return build_series_task(key, frame, columns, "date", borders, spec, scaling, loc,
                                  scale, max_train_windows, max_test_windows)
@@ -262,10 +292,12 @@ def build_csv_timeseries(path: str | None = None, date_column: str = "date",
                          columns: list[str] | None = None,
                          split_fractions: tuple[float, float, float] = (0.6, 0.2, 0.2),
                          window: int = 24, mode: str = "imputation", missing: str = "random",
-                         missing_ratio: float = 0.3, horizon: int = 0, train_stride: int = 1,
-                         test_stride: int = 24, scaling: str = "public", loc=None, scale=None,
+                         missing_ratio: float = 0.3, horizon: int = 0,
+                         train_stride: int | None = None, test_stride: int = 24,
+                         scaling: str = "public", loc=None, scale=None,
                          max_train_windows: int | None = None,
-                         max_test_windows: int | None = None, **_: object) -> TaskData:
+                         max_test_windows: int | None = None, privacy_unit: str = "window",
+                         **_: object) -> TaskData:
     """Return a task from any CSV with a date column; chronological train/val/test split.
 
     NaN cells are unobserved (never targets, zero in the condition).
@@ -291,6 +323,7 @@ def build_csv_timeseries(path: str | None = None, date_column: str = "date",
     borders = (int(n * fr[0]), int(n * (fr[0] + fr[1])), n)
     if scaling == "public":
         _check_observed(frame[cols].iloc[borders[0]:borders[1]], path)
-    spec = WindowSpec(window, mode, missing, missing_ratio, horizon, train_stride, test_stride)
+    spec = WindowSpec(window, mode, missing, missing_ratio, horizon, train_stride, test_stride,
+                      privacy_unit)
     return build_series_task(Path(path).stem, frame, cols, date_column, borders, spec, scaling,
                              loc, scale, max_train_windows, max_test_windows)

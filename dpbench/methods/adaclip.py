@@ -21,6 +21,7 @@ accounts with the combined multiplier the ledger computes.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from dpbench.errors import ConfigError
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod, ExtraQuery, RunInfo, StepContext
 from dpbench.methods.clipping import flat_clip_factors
+from dpbench.methods.settings import require
 
 COUNT_QUERY = "unclipped_count"
 
@@ -47,20 +49,32 @@ def geometric_update(threshold: float, unclipped_fraction: float, target_quantil
     return max(floor, threshold * math.exp(-clip_lr * (unclipped_fraction - target_quantile)))
 
 
+@dataclass
+class AdaClipSettings:
+    """``method.settings`` of adaptive clipping."""
+
+    target_quantile: float = 0.5  # gamma: target unclipped fraction
+    clip_lr: float = 0.2  # eta_C: geometric step size
+    sigma_b: float | None = None  # count noise std (in examples); None: B / 10 (paper's scripts)
+    count_threshold: float = 1.0  # theta: count 1[||u_i|| <= theta C_t]
+    initial_clip: float | None = None  # C_0; None: privacy.clip_norm
+    normalize: bool = True  # clip_{C_t}(u) / C_t (sensitivity 1)
+
+    def __post_init__(self) -> None:
+        require(0.0 < self.target_quantile < 1.0, "target_quantile", "in (0, 1)",
+                self.target_quantile)
+        for key in ("clip_lr", "count_threshold"):
+            require(getattr(self, key) > 0, key, "> 0", getattr(self, key))
+        for key in ("initial_clip", "sigma_b"):
+            value = getattr(self, key)
+            require(value is None or value > 0, key, "> 0 or null", value)
+
+
 @register_method("adaclip")
 class AdaClip(DPMethod):
     """Unbounded adaptive clipping: C_LB = 0, so C_t may shrink towards 0."""
 
-    @classmethod
-    def settings_defaults(cls) -> dict[str, Any]:
-        return {
-            "target_quantile": 0.5,  # gamma: target unclipped fraction
-            "clip_lr": 0.2,  # eta_C: geometric step size
-            "sigma_b": None,  # count noise std (in examples); None: B / 10 (paper's scripts)
-            "count_threshold": 1.0,  # theta: count 1[||u_i|| <= theta C_t]
-            "initial_clip": None,  # C_0; None: privacy.clip_norm
-            "normalize": True,  # clip_{C_t}(u) / C_t (sensitivity 1)
-        }
+    settings_cls = AdaClipSettings
 
     def clip_floor(self) -> float:
         """Return C_LB (0: unbounded)."""
@@ -72,19 +86,6 @@ class AdaClip(DPMethod):
         return float(value) if value is not None else expected_batch_size / 10.0
 
     def validate(self, info: RunInfo) -> None:
-        s = self.settings
-        if not 0.0 < s["target_quantile"] < 1.0:
-            raise ConfigError(f"method.settings.target_quantile must be in (0, 1) "
-                              f"(got {s['target_quantile']!r})")
-        for key in ("clip_lr", "count_threshold"):
-            if not s[key] > 0:
-                raise ConfigError(f"method.settings.{key} must be > 0 (got {s[key]!r})")
-        if s["initial_clip"] is not None and not s["initial_clip"] > 0:
-            raise ConfigError(f"method.settings.initial_clip must be > 0 or null "
-                              f"(got {s['initial_clip']!r})")
-        if s["sigma_b"] is not None and not s["sigma_b"] > 0:
-            raise ConfigError(f"method.settings.sigma_b must be > 0 or null "
-                              f"(got {s['sigma_b']!r})")
         if info.private:
             gradient_sigma(info.noise_multiplier, self._sigma_b(info.expected_batch_size))
 

@@ -6,27 +6,30 @@ r = 0.01, so ||u_i|| / (||u_i|| + r) < 1: sensitivity 1 and no clipping threshol
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
-from dpbench.errors import ConfigError
 from dpbench.methods import register_method
-from dpbench.methods.base import DPMethod, RunInfo, StepContext
+from dpbench.methods.base import DPMethod, StepContext
+from dpbench.methods.settings import require
+
+
+@dataclass
+class AutoClipSettings:
+    """``method.settings`` of AUTO-S."""
+
+    stability: float = 0.01  # r in Bu et al. Eq. 4.1: factor 1 / (||u_i|| + r)
+
+    def __post_init__(self) -> None:
+        require(self.stability > 0, "stability", "> 0", self.stability)
 
 
 @register_method("autoclip")
 class AutoClip(DPMethod):
     """AUTO-S: per-example factor 1 / (||u_i|| + r); the optimiser comes from the YAML."""
 
-    @classmethod
-    def settings_defaults(cls) -> dict[str, Any]:
-        return {"stability": 0.01}  # r in Bu et al. Eq. 4.1
-
-    def validate(self, info: RunInfo) -> None:
-        r = self.settings["stability"]
-        if not isinstance(r, (int, float)) or r <= 0:
-            raise ConfigError(f"method.settings.stability must be > 0 (got {r!r})")
+    settings_cls = AutoClipSettings
 
     def clip_factors(self, norms: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Return 1 / (||u_i|| + r)."""

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from dpbench.methods.settings import NoSettings, checked_settings
 from dpbench.privacy.ledger import Query
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -103,8 +104,9 @@ class RunInfo:
 class DPMethod:
     """DP-SGD with flat clipping; subclasses override the stages that define them.
 
-    Settings arrive as keyword arguments from ``conf/method/<name>.yaml``; ``optimizer`` is a
-    Hydra ``_partial_`` optimiser factory.
+    Settings arrive as keyword arguments from ``conf/method/<name>.yaml``, checked against
+    ``settings_cls`` (``self.settings`` is the checked dict); ``optimizer`` is a Hydra
+    ``_partial_`` optimiser factory.
     """
 
     name: ClassVar[str] = ""
@@ -114,18 +116,12 @@ class DPMethod:
     tasks: ClassVar[frozenset[str] | None] = None
     #: per-example gradients must be materialised (multi-point combination needs them).
     needs_per_example_grads: ClassVar[bool] = False
+    #: the dataclass of ``method.settings``: keys, types, defaults, range checks (the one source)
+    settings_cls: ClassVar[type] = NoSettings
 
     def __init__(self, optimizer: OptimizerFactory | None = None, **settings: Any) -> None:
-        unknown = set(settings) - set(self.settings_defaults())
-        if unknown:
-            from dpbench.errors import ConfigError
-
-            raise ConfigError(
-                f"method {self.name!r} has no setting(s) {sorted(unknown)}; "
-                f"known: {sorted(self.settings_defaults())}"
-            )
         self.optimizer_factory = optimizer or (lambda p: torch.optim.SGD(p, lr=0.1))
-        self.settings = {**self.settings_defaults(), **settings}
+        self.settings = checked_settings(self.name, self.settings_cls, settings)
         self.params: list[nn.Parameter] = []
         self.optimizer: torch.optim.Optimizer | None = None
         self.info: RunInfo | None = None
@@ -133,8 +129,8 @@ class DPMethod:
     # ---- configuration -------------------------------------------------------------------
     @classmethod
     def settings_defaults(cls) -> dict[str, Any]:
-        """Return the method's settings and their defaults (keys allowed in its YAML)."""
-        return {}
+        """Return the method's settings and their defaults (``settings_cls``'s fields)."""
+        return asdict(cls.settings_cls())
 
     def validate(self, info: RunInfo) -> None:
         """Raise ``ConfigError`` for settings that cannot run (checked before training)."""

@@ -8,28 +8,29 @@ post-processed threshold only: privacy is that of ``adaclip`` (account with sigm
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
-from dpbench.errors import ConfigError
 from dpbench.methods import register_method
-from dpbench.methods.adaclip import AdaClip
-from dpbench.methods.base import RunInfo
+from dpbench.methods.adaclip import AdaClip, AdaClipSettings
+from dpbench.methods.settings import require
+
+
+@dataclass
+class BoundedAdaClipSettings(AdaClipSettings):
+    """``method.settings`` of bounded adaptive clipping: adaclip's plus the floor."""
+
+    clip_floor: float = 0.1  # C_LB (the paper's heuristic); 0 gives adaclip
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.clip_floor >= 0, "clip_floor", "a number >= 0", self.clip_floor)
 
 
 @register_method("bounded_adaclip")
 class BoundedAdaClip(AdaClip):
     """Adaptive clipping whose threshold never goes below ``clip_floor`` (C_LB, default 0.1)."""
 
-    @classmethod
-    def settings_defaults(cls) -> dict[str, Any]:
-        return {**super().settings_defaults(), "clip_floor": 0.1}
+    settings_cls = BoundedAdaClipSettings
 
     def clip_floor(self) -> float:
         return float(self.settings["clip_floor"])
-
-    def validate(self, info: RunInfo) -> None:
-        floor = self.settings["clip_floor"]
-        if not isinstance(floor, (int, float)) or floor < 0:
-            raise ConfigError(f"method.settings.clip_floor must be a number >= 0 "
-                              f"(got {floor!r})")
-        super().validate(info)

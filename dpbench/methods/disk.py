@@ -17,13 +17,26 @@ kappa = 1 gives a = 0 and g~ = g: the base optimiser on the DP gradient.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from dpbench.errors import ConfigError
 from dpbench.methods import register_method
-from dpbench.methods.base import DPMethod, EvalPoint, RunInfo, StepContext
+from dpbench.methods.base import DPMethod, EvalPoint, StepContext
+from dpbench.methods.settings import require
+
+
+@dataclass
+class DiSKSettings:
+    """``method.settings`` of DiSK: the observation (and filter) gain and the look-ahead."""
+
+    kappa: float = 0.7  # filter gain, g~ = (1-kappa) g~ + kappa g; 1 = the base optimiser
+    gamma: float = 0.5  # look-ahead of the observation: a = (1-kappa)/(kappa gamma)
+
+    def __post_init__(self) -> None:
+        require(0 < self.kappa <= 1, "kappa", "in (0, 1]", self.kappa)
+        require(self.gamma > 0, "gamma", "> 0", self.gamma)
 
 
 class TwoPointObservation(DPMethod):
@@ -40,13 +53,6 @@ class TwoPointObservation(DPMethod):
         """Return a = (1 - kappa) / (kappa gamma), the weight of grad f(theta + gamma d)."""
         kappa, gamma = self.settings["kappa"], self.settings["gamma"]
         return (1.0 - kappa) / (kappa * gamma)
-
-    def validate(self, info: RunInfo) -> None:
-        kappa, gamma = self.settings["kappa"], self.settings["gamma"]
-        if not (isinstance(kappa, (int, float)) and 0 < kappa <= 1):
-            raise ConfigError(f"method.settings.kappa must lie in (0, 1] (got {kappa!r})")
-        if not (isinstance(gamma, (int, float)) and gamma > 0):
-            raise ConfigError(f"method.settings.gamma must be > 0 (got {gamma!r})")
 
     def gradient_evaluations_per_step(self) -> int:
         """Return 2, or 1 when a = 0 or a = 1 (the first step always takes 1: d_0 = 0)."""
@@ -82,13 +88,11 @@ class TwoPointObservation(DPMethod):
 class DiSK(TwoPointObservation):
     """DiSK: the two-point observation, then ``g~_t = (1 - kappa) g~_{t-1} + kappa g_t``."""
 
+    settings_cls = DiSKSettings
+
     def __init__(self, optimizer=None, **settings: Any) -> None:
         super().__init__(optimizer, **settings)
         self.filtered: list[torch.Tensor] | None = None  # g~_{t-1}
-
-    @classmethod
-    def settings_defaults(cls) -> dict[str, Any]:
-        return {"kappa": 0.7, "gamma": 0.5}
 
     def postprocess(self, grads: list[torch.Tensor], ctx: StepContext) -> list[torch.Tensor]:
         """Return g~_t = (1 - kappa) g~_{t-1} + kappa g_t (DiSK, simplified Kalman update)."""

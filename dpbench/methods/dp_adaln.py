@@ -8,6 +8,8 @@ the model option: ``model=dit model.dp_aware=true method=<any>``.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -15,6 +17,7 @@ from torch import nn
 from dpbench.errors import ConfigError
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod
+from dpbench.methods.settings import require
 
 
 def set_model_bounds(model: nn.Module, enabled: bool, **bounds: Any) -> nn.Module:
@@ -26,15 +29,28 @@ def set_model_bounds(model: nn.Module, enabled: bool, **bounds: Any) -> nn.Modul
     return model
 
 
+@dataclass
+class DPAdaLNSettings:
+    """``method.settings`` of DP-aware AdaLN-Zero: the bounds; null keeps the model's."""
+
+    c_max: float | None = None  # c~ = c min(1, c_max / ||c||)
+    m_gamma: float | None = None  # gamma = M_gamma tanh(. / M_gamma)
+    m_beta: float | None = None
+    m_alpha: float | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("c_max", "m_gamma", "m_beta", "m_alpha"):
+            value = getattr(self, key)
+            require(value is None or 0 < value < math.inf, key, "a finite number > 0 or null",
+                    value)
+
+
 @register_method("dp_adaln")
 class DPAdaLN(DPMethod):
     """DP-aware AdaLN-Zero; bounds left null here come from the model config."""
 
     tasks = frozenset({"ts_diffusion"})
-
-    @classmethod
-    def settings_defaults(cls) -> dict[str, Any]:
-        return {"c_max": None, "m_gamma": None, "m_beta": None, "m_alpha": None}
+    settings_cls = DPAdaLNSettings
 
     def configure_model(self, model: nn.Module) -> nn.Module:
         return set_model_bounds(model, True, **self.settings)

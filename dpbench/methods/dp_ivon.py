@@ -18,10 +18,17 @@ so the privacy cost is unchanged.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from dpbench.methods import register_method
-from dpbench.methods.ivon import IVON
+from dpbench.methods.ivon import IVON, IVONSettings
+
+
+@dataclass
+class DPIVONSettings(IVONSettings):
+    """``method.settings`` of DP-IVON: IVON's, with the noise-corrected gradsq curvature."""
+
+    hess: str = "gradsq"  # gradsq (noise-corrected squared gradient) | reparam (naive ablation)
 
 
 @register_method("dp_ivon")
@@ -29,7 +36,4 @@ class DPIVON(IVON):
     """IVON after the DP release; overrides stages 2 and 8 and the evaluation (no privacy cost)."""
 
     private = True
-
-    @classmethod
-    def settings_defaults(cls) -> dict[str, Any]:
-        return {**super().settings_defaults(), "hess": "gradsq"}
+    settings_cls = DPIVONSettings

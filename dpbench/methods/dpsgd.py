@@ -6,7 +6,7 @@ the constant-clipping baseline of Zhao et al. 2025 (bounded adaptive clipping).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
@@ -15,13 +15,18 @@ from dpbench.methods.base import DPMethod, StepContext
 from dpbench.methods.clipping import flat_clip_factors
 
 
+@dataclass
+class DPSGDSettings:
+    """``method.settings`` of DP-SGD."""
+
+    normalize: bool = False  # true: clip_C(g) / C (sensitivity 1, lr decoupled from C)
+
+
 @register_method("dpsgd")
 class DPSGD(DPMethod):
     """Every stage but clipping is the base class's default; SGD comes from the YAML."""
 
-    @classmethod
-    def settings_defaults(cls) -> dict[str, Any]:
-        return {"normalize": False}
+    settings_cls = DPSGDSettings
 
     def clip_factors(self, norms: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Return min(1, C/||u_i||), or min(1, C/||u_i||) / C when normalised."""

@@ -18,15 +18,16 @@ sigma_w^2 (DP-AdamBC's), ``correction=none`` subtracts nothing (plain AdamW on g
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from dpbench.errors import ConfigError
 from dpbench.methods import register_method
-from dpbench.methods.base import RunInfo, StepContext
-from dpbench.methods.disk import TwoPointObservation
+from dpbench.methods.base import StepContext
+from dpbench.methods.disk import DiSKSettings, TwoPointObservation
 from dpbench.methods.dpadam_bc import NoiseCorrectedAdam
+from dpbench.methods.settings import require
 
 FILTERS = ("innovation", "ema")
 CORRECTIONS = ("filter_aware", "standard", "none")
@@ -47,31 +48,32 @@ def ema_noise_gain(omega: float) -> float:
     return omega / (2.0 - omega)
 
 
+@dataclass
+class FiberSettings(DiSKSettings):
+    """``method.settings`` of FIBER: DiSK's observation (kappa, gamma) plus the filter."""
+
+    omega: float = 0.5  # innovation gain; A(omega) = (2-omega)/(4-3omega)
+    filter: str = "innovation"  # innovation | ema (ablation)
+    correction: str = "filter_aware"  # filter_aware | standard | none (ablation)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(0 < self.omega <= 1, "omega", "in (0, 1]", self.omega)
+        require(self.filter in FILTERS, "filter", f"one of {FILTERS}", self.filter)
+        require(self.correction in CORRECTIONS, "correction", f"one of {CORRECTIONS}",
+                self.correction)
+
+
 @register_method("fiber")
 class FIBER(TwoPointObservation, NoiseCorrectedAdam):
     """FIBER: stages 2/4 (two points), 7 (innovation filter), 8 (filter-aware AdamBC)."""
+
+    settings_cls = FiberSettings
 
     def __init__(self, optimizer=None, **settings: Any) -> None:
         super().__init__(optimizer, **settings)
         self.filtered: list[torch.Tensor] | None = None  # g~_{t-1}
         self.residual: list[torch.Tensor] | None = None  # r_{t-1}
-
-    @classmethod
-    def settings_defaults(cls) -> dict[str, Any]:
-        return {"kappa": 0.7, "gamma": 0.5, "omega": 0.5, "filter": "innovation",
-                "correction": "filter_aware"}
-
-    def validate(self, info: RunInfo) -> None:
-        super().validate(info)
-        omega = self.settings["omega"]
-        if not (isinstance(omega, (int, float)) and 0 < omega <= 1):
-            raise ConfigError(f"method.settings.omega must lie in (0, 1] (got {omega!r})")
-        if self.settings["filter"] not in FILTERS:
-            raise ConfigError(f"method.settings.filter must be one of {FILTERS} "
-                              f"(got {self.settings['filter']!r})")
-        if self.settings["correction"] not in CORRECTIONS:
-            raise ConfigError(f"method.settings.correction must be one of {CORRECTIONS} "
-                              f"(got {self.settings['correction']!r})")
 
     def needs_adam_bc(self) -> bool:
         return self.settings["correction"] != "none"

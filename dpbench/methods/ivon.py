@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,8 +31,9 @@ from torch import nn
 from dpbench.errors import ConfigError
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod, EvalPoint, RunInfo, StepContext
-from dpbench.training.per_example import parameters_at
+from dpbench.methods.settings import require
 from dpbench.utils.seeding import stream_generator
+from dpbench.utils.tensors import parameters_at
 
 HESS_ESTIMATES = ("reparam", "gradsq")
 
@@ -136,6 +138,26 @@ class IVONOptimizer(torch.optim.Optimizer):
                            "call ivon_step(grads, curvature)")
 
 
+@dataclass
+class IVONSettings:
+    """``method.settings`` of IVON (and, with ``hess=gradsq``, of DP-IVON)."""
+
+    hess: str = "reparam"  # reparam | gradsq
+    mc_samples: int = 1  # posterior samples per step (gradients averaged; reparam needs 1)
+    correction: bool = True  # gradsq only: subtract the DP noise variance (0 when non-private)
+    eval_samples: int = 32  # S for Bayesian model averaging at evaluation (0: at the mean)
+    eval_seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.hess in HESS_ESTIMATES, "hess", f"one of {HESS_ESTIMATES}", self.hess)
+        require(self.mc_samples >= 1, "mc_samples", "an integer >= 1", self.mc_samples)
+        if self.hess == "reparam" and self.mc_samples != 1:
+            raise ConfigError("method.settings.hess=reparam needs mc_samples=1: the loop "
+                              "averages the samples' gradients, so g * (theta - m) per sample "
+                              "is not available; use hess=gradsq for mc_samples > 1")
+        require(self.eval_samples >= 0, "eval_samples", "an integer >= 0", self.eval_samples)
+
+
 @register_method("ivon")
 class IVON(DPMethod):
     """Non-private IVON with the reparameterised Hessian estimate (``hess=reparam``).
@@ -148,34 +170,12 @@ class IVON(DPMethod):
 
     private = False
     tasks = frozenset({"classification"})
+    settings_cls = IVONSettings
 
     def __init__(self, optimizer=None, **settings: Any) -> None:
         super().__init__(optimizer=optimizer or IVONOptimizer, **settings)
         self._offsets: list[list[torch.Tensor]] = []
         self._diag = {"steps": 0, "zero_fraction_sum": 0.0, "last_zero_fraction": 0.0}
-
-    @classmethod
-    def settings_defaults(cls) -> dict[str, Any]:
-        return {"hess": "reparam", "mc_samples": 1, "correction": True, "eval_samples": 32,
-                "eval_seed": 0}
-
-    def validate(self, info: RunInfo) -> None:
-        s = self.settings
-        if s["hess"] not in HESS_ESTIMATES:
-            raise ConfigError(f"method.settings.hess must be one of {HESS_ESTIMATES} "
-                              f"(got {s['hess']!r})")
-        if not isinstance(s["mc_samples"], int) or s["mc_samples"] < 1:
-            raise ConfigError(f"method.settings.mc_samples must be an integer >= 1 "
-                              f"(got {s['mc_samples']!r})")
-        if s["hess"] == "reparam" and s["mc_samples"] != 1:
-            raise ConfigError("method.settings.hess=reparam needs mc_samples=1: the loop "
-                              "averages the samples' gradients, so g * (theta - m) per sample "
-                              "is not available; use hess=gradsq for mc_samples > 1")
-        if not isinstance(s["eval_samples"], int) or s["eval_samples"] < 0:
-            raise ConfigError(f"method.settings.eval_samples must be an integer >= 0 "
-                              f"(got {s['eval_samples']!r})")
-        if not isinstance(s["correction"], bool):
-            raise ConfigError("method.settings.correction must be true or false")
 
     def setup(self, params: list[nn.Parameter], info: RunInfo) -> None:
         super().setup(params, info)

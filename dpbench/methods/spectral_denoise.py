@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 from dpbench.errors import ConfigError
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod, RunInfo, StepContext
+from dpbench.methods.settings import require
 
 TARGETS = ("lora", "all_2d")
 
@@ -69,6 +71,21 @@ def denoise_matrices(noisy: torch.Tensor, noise_std: float, kappa: float = 1.0
     return out.to(noisy.dtype), keep
 
 
+@dataclass
+class SpectralDenoiseSettings:
+    """``method.settings`` of spectral denoising."""
+
+    targets: Any = "lora"  # lora (the A and B factors) | all_2d | [name substrings]
+    kappa: float = 1.0  # gate: denoise if the top singular value > kappa s (sqrt n + sqrt m)
+
+    def __post_init__(self) -> None:
+        require(self.kappa > 0, "kappa", "a number > 0", self.kappa)
+        targets = self.targets
+        require(targets in TARGETS if isinstance(targets, str) else
+                isinstance(targets, list) and all(isinstance(t, str) for t in targets),
+                "targets", f"one of {TARGETS} or a list of parameter-name substrings", targets)
+
+
 @register_method("spectral_denoise")
 class SpectralDenoise(DPMethod):
     """DP-SGD/DP-Adam (optimiser from the YAML) whose stage 7 denoises each selected 2-D gradient.
@@ -78,9 +95,7 @@ class SpectralDenoise(DPMethod):
     list of substrings of parameter names. ``kappa`` scales the gate.
     """
 
-    @classmethod
-    def settings_defaults(cls) -> dict[str, Any]:
-        return {"targets": "lora", "kappa": 1.0}
+    settings_cls = SpectralDenoiseSettings
 
     def __init__(self, optimizer=None, **settings: Any) -> None:
         super().__init__(optimizer, **settings)
@@ -89,15 +104,6 @@ class SpectralDenoise(DPMethod):
         self._metrics: dict[str, float] = {}
         self.denoise_seconds = 0.0
         self.totals = {"steps": 0.0, "cosine": 0.0, "passed": 0.0}
-
-    def validate(self, info: RunInfo) -> None:
-        kappa = self.settings["kappa"]
-        if not isinstance(kappa, (int, float)) or not kappa > 0:
-            raise ConfigError(f"method.settings.kappa must be a number > 0 (got {kappa!r})")
-        targets = self.settings["targets"]
-        if isinstance(targets, str) and targets not in TARGETS:
-            raise ConfigError(f"method.settings.targets must be one of {TARGETS} or a list of "
-                              f"parameter-name substrings (got {targets!r})")
 
     def configure_model(self, model: nn.Module) -> nn.Module:
         """Remember parameter names (by identity) so ``targets`` can select matrices."""

@@ -2,18 +2,26 @@
 
 from dpbench.privacy.accountant import (
     ACCOUNTANTS,
+    DEFAULT_ACCOUNTANT,
     PrivacyAccountant,
-    calibrate_noise_multiplier,
+    check_accountable,
+    check_accountant,
+    compose_epsilon,
     default_delta,
 )
+from dpbench.privacy.calibration import calibrate_noise_multiplier
 from dpbench.privacy.ledger import PrivacyLedger, Query, combined_noise_multiplier
 
 __all__ = [
     "ACCOUNTANTS",
+    "DEFAULT_ACCOUNTANT",
     "PrivacyAccountant",
     "PrivacyLedger",
     "Query",
     "calibrate_noise_multiplier",
+    "check_accountable",
+    "check_accountant",
     "combined_noise_multiplier",
+    "compose_epsilon",
     "default_delta",
 ]

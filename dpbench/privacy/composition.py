@@ -2,8 +2,9 @@
 
 K runs on the same private data, each adaptively chosen after the previous ones, compose
 (adaptive composition; Dwork and Roth 2014, Thm 3.20, and in the accountants' own terms,
-Mironov 2017, Prop. 1 for RDP). Replaying every ledger entry into one ``PrivacyAccountant``
-gives the epsilon of the whole sequence, with the same accountant the runs used.
+Mironov 2017, Prop. 1 for RDP). Every ledger entry, concatenated, goes to the accountant's
+``compose_epsilon``: the epsilon of the whole sequence, with the same accountant the runs
+used.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dpbench.privacy.accountant import PrivacyAccountant
+from dpbench.privacy.accountant import compose_epsilon
 
 
 def compose_ledgers(ledgers: Iterable[Iterable[Mapping[str, Any]]], delta: float,
@@ -21,12 +22,6 @@ def compose_ledgers(ledgers: Iterable[Iterable[Mapping[str, Any]]], delta: float
     A ledger is a run's ``privacy_ledger`` (entries with ``noise_multiplier``,
     ``sample_rate`` and ``steps``); an empty one (a run that released nothing) adds nothing.
     """
-    acc = PrivacyAccountant(accountant)
-    released = False
-    for ledger in ledgers:
-        for entry in ledger:
-            for _ in range(int(entry["steps"])):
-                acc.step(noise_multiplier=float(entry["noise_multiplier"]),
-                         sample_rate=float(entry["sample_rate"]))
-                released = True
-    return acc.get_epsilon(delta) if released else 0.0
+    history = [(float(e["noise_multiplier"]), float(e["sample_rate"]), int(e["steps"]))
+               for ledger in ledgers for e in ledger if int(e["steps"]) > 0]
+    return compose_epsilon(history, delta, accountant) if history else 0.0

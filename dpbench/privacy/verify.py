@@ -1,8 +1,10 @@
 """Recompute epsilon from a run's privacy ledger with an independent accountant.
 
-dpbench accounts with Opacus; this module re-derives epsilon from ``results.json``'s
-``privacy_ledger`` with Google's ``dp-accounting`` privacy-loss-distribution (PLD) accountant
-(Koskela et al. 2020; Doroshenko et al. 2022), so a mis-recorded mechanism or an
+A run accounts with its ``privacy.accountant`` (dpbench's grouped, grid-capped, cached use of
+dp-accounting's PLD by default; Opacus's PRV or RDP on request). This module re-derives
+epsilon from ``results.json``'s ``privacy_ledger`` along another path: dp-accounting's generic
+event-by-event ``PLDAccountant`` on a fixed fine grid (Koskela et al. 2020; Doroshenko et al.
+2022), from the raw per-query sensitivities and noise, so a mis-recorded mechanism or an
 under-reporting accountant shows up as a mismatch. Each ledger entry is ``steps`` Poisson-
 subsampled Gaussian mechanisms at rate q whose queries compose into one Gaussian with
 multiplier (sum_k sigma_k^-2)^(-1/2) (ledger.py), recomputed here from the per-query
@@ -31,12 +33,9 @@ def ledger_noise_multiplier(entry: Mapping[str, Any]) -> float:
 def pld_epsilon(ledger: Iterable[Mapping[str, Any]], delta: float,
                 discretization: float = 1e-4) -> float:
     """Return epsilon at ``delta`` of the ledger's mechanisms by dp-accounting's PLD accountant."""
-    try:
-        from dp_accounting import dp_event
-        from dp_accounting.pld import pld_privacy_accountant
-    except ImportError as err:  # dev extra
-        raise ImportError("the ledger check needs dp-accounting: pip install "
-                          "'dpbench[dev]'") from err
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
     accountant = pld_privacy_accountant.PLDAccountant(
         value_discretization_interval=discretization)
     any_step = False

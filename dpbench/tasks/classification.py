@@ -11,7 +11,7 @@ from torch import nn
 from dpbench.tasks import register_task
 from dpbench.tasks.base import Task
 from dpbench.tasks.calibration import calibration_metrics
-from dpbench.training.batches import move_to
+from dpbench.utils.tensors import move_to
 
 
 @register_task("classification")

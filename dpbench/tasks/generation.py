@@ -11,7 +11,7 @@ from torch import nn
 
 from dpbench.tasks import register_task
 from dpbench.tasks.base import Task
-from dpbench.training.batches import move_to
+from dpbench.utils.tensors import move_to
 
 
 def target_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -7,17 +7,6 @@ from typing import Any
 import torch
 
 
-def move_to(batch: Any, device: torch.device) -> Any:
-    """Return ``batch`` with every tensor moved to ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: move_to(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to(v, device) for v in batch)
-    return batch
-
-
 def batch_size(batch: Any) -> int:
     """Return the number of examples (first dimension of the first tensor)."""
     if isinstance(batch, torch.Tensor):

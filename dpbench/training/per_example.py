@@ -10,9 +10,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from opacus import GradSampleModule
@@ -21,8 +20,8 @@ from torch import nn
 
 from dpbench.errors import ConfigError
 from dpbench.training.batches import batch_size, select_rows
+from dpbench.utils.conf import GRAD_SAMPLE_MODES
 
-GRAD_SAMPLE_MODES = ("hooks", "functorch", "ghost")
 # Opacus registers full backward hooks; with inputs that need no grad (data) torch warns each
 # backward although the per-example gradients are exact (tests compare them one by one).
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -127,21 +126,3 @@ def flat_norms(per_example: Sequence[torch.Tensor]) -> torch.Tensor:
     norms = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) for g in per_example]
     return torch.linalg.vector_norm(torch.stack(norms, dim=0), dim=0)
 
-
-@contextlib.contextmanager
-def parameters_at(params: Sequence[nn.Parameter],
-                  offsets: Sequence[torch.Tensor] | None) -> Iterator[None]:
-    """Temporarily move the parameters to theta + offsets; restore theta exactly after."""
-    if offsets is None:
-        yield
-        return
-    saved = [p.detach().clone() for p in params]
-    with torch.no_grad():
-        for p, d in zip(params, offsets):
-            p.add_(d)
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for p, s in zip(params, saved):
-                p.copy_(s)

@@ -17,7 +17,8 @@ from dpbench.methods.base import DPMethod, ExtraQuery, StepContext, gradient_que
 from dpbench.privacy.ledger import Query
 from dpbench.tasks.base import Task
 from dpbench.training.batches import batch_size, physical_chunks, select_rows
-from dpbench.training.per_example import PerExampleGradients, flat_norms, parameters_at
+from dpbench.training.per_example import PerExampleGradients, flat_norms
+from dpbench.utils.tensors import parameters_at
 
 SENSITIVITY_SLACK = 1e-4  # relative slack for float round-off in the sensitivity check
 
@@ -100,12 +101,14 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
                     for c, g in zip(combined, grads):
                         c.add_(g, alpha=point.weight)
             norms = flat_norms(combined)
-            kept = (torch.isfinite(norms) & torch.isfinite(loss)).cpu()
+            kept = torch.isfinite(norms).cpu()
+            # rows past the losses have none (the audit appends canary gradients)
+            kept[:len(loss)] &= torch.isfinite(loss).cpu()
             if not bool(kept.all()):  # a non-finite example is dropped (contributes 0)
                 for c in combined:
                     c[~kept.to(c.device)] = 0.0
                 norms = torch.where(kept.to(norms.device), norms, torch.zeros_like(norms))
-                loss = loss[kept.to(loss.device)]
+                loss = loss[kept[:len(loss)].to(loss.device)]
             if task.observes_gradients and bool(kept.any()):  # diagnostics only (off by default)
                 task.observe_per_example_gradients(
                     {k: g[kept.to(g.device)] for k, g in zip(engine.names, combined)},

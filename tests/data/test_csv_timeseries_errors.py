@@ -93,6 +93,7 @@ def test_cli_refuses_a_bad_csv_before_training(tmp_path, monkeypatch, capfd):
     code = run_cli(_hydra_entry, ["dataset=csv_timeseries", f"dataset.path={path}",
                                   "dataset.window=12", "model=dit", "model.hidden=8",
                                   "model.depth=1", "method=dp_adaln", "trainer.epochs=1",
+                                  "trainer.batch_size=16",
                                   f"hydra.run.dir={run_dir}"], monkeypatch)
     err = capfd.readouterr().err
     assert code == 2, err

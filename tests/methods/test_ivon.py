@@ -12,7 +12,7 @@ from dpbench.errors import ConfigError
 from dpbench.methods import get_method
 from dpbench.methods.base import RunInfo, StepContext
 from dpbench.methods.ivon import IVON, IVONOptimizer
-from dpbench.training.per_example import parameters_at
+from dpbench.utils.tensors import parameters_at
 from tests.conftest import compose_config, run_config
 
 HYPER = dict(lr=0.05, hess_init=0.3, beta1=0.9, beta2=0.99, weight_decay=1e-3)

@@ -11,15 +11,17 @@ from dpbench.privacy.ledger import PrivacyLedger, Query, combined_noise_multipli
 from tests.conftest import compose_config, run_config
 
 
-@pytest.mark.parametrize("n,expected", [(1438, 1e-5), (60000, 1e-5), (50, 1e-5), (100000, 1e-5),
-                                        (200000, 1e-6), (1_000_001, 1e-7)])
+@pytest.mark.parametrize("n,expected", [(1438, 1e-5), (60000, 1e-5), (50, 1e-5), (99999, 1e-5),
+                                        (100000, 1e-6), (200000, 1e-6), (1_000_000, 1e-7),
+                                        (1_000_001, 1e-7)])
 def test_default_delta(n, expected):
-    rounded = 10 ** math.ceil(math.log10(n))
-    assert default_delta(n) == pytest.approx(min(1e-5, 1 / rounded))
+    """min(1e-5, 1/N') with N' the smallest power of ten above N."""
+    above = 10 ** (math.floor(math.log10(n)) + 1)
+    assert default_delta(n) == pytest.approx(min(1e-5, 1 / above))
     assert default_delta(n) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("accountant", ["prv", "rdp"])
+@pytest.mark.parametrize("accountant", ["pld", "prv", "rdp"])
 @pytest.mark.parametrize("eps", [1.0, 3.0, 8.0])
 def test_calibrated_sigma_spends_at_most_target_and_within_5pct(accountant, eps):
     q, steps, delta = 0.05, 200, 1e-5
@@ -38,11 +40,12 @@ def test_end_to_end_epsilon_within_target(tmp_path):
     assert result["steps"] == result["planned_steps"]
 
 
-def test_accountant_state_round_trip():
-    a = PrivacyAccountant("prv")
+@pytest.mark.parametrize("accountant", ["pld", "prv", "rdp"])
+def test_accountant_state_round_trip(accountant):
+    a = PrivacyAccountant(accountant)
     for _ in range(30):
         a.step(1.1, 0.02)
-    b = PrivacyAccountant("prv")
+    b = PrivacyAccountant(accountant)
     b.load_state_dict(a.state_dict())
     assert b.get_epsilon(1e-5) == a.get_epsilon(1e-5)
     assert b.steps == 30

@@ -10,11 +10,12 @@ from dpbench.privacy.verify import ledger_noise_multiplier, pld_epsilon
 from tests.conftest import compose_config, run_config
 from tests.method_matrix import all_methods, is_private, method_overrides
 
-#: PRV (Opacus) and PLD (dp-accounting) are both upper bounds discretised differently; the
-#: reported epsilon may sit this much below PLD's before we call it under-reported
+#: the run's accountant and this check's PLD are upper bounds discretised differently (the
+#: run's pld groups steps and uses a coarser grid; prv is Opacus's); the reported epsilon
+#: may sit this much below the check's before we call it under-reported
 UNDER_TOLERANCE = 0.01
-#: and no more than this factor above it (RDP, the fallback, is looser than PLD)
-OVER_FACTOR = {"prv": 1.05, "gdp": 1.5, "rdp": 1.5}
+#: and no more than this factor above it (RDP is looser than PLD)
+OVER_FACTOR = {"pld": 1.02, "prv": 1.05, "rdp": 1.5}
 
 
 def check_ledger(summary: dict) -> float:

@@ -1,9 +1,11 @@
-"""Print the issue-8 table: every registered method x (ledger check, sensitivity, audit).
+"""Print the privacy table: every registered method x (ledger check, sensitivity, audit).
 
-    PYTHONPATH=. python scripts/privacy_matrix.py [--canaries 1000] [--epochs 2]
+    python -m tests.privacy.matrix [--canaries 1000] [--epochs 2]     (from the repository root)
 
-Uses the per-method tiny configs of tests/method_matrix.py. Columns: epsilon reported by
-Opacus vs epsilon recomputed by dp-accounting's PLD from the ledger; the largest
+It lives with the tests because it reports on them: it runs the per-method tiny configs of
+tests/method_matrix.py and the neighbouring-batch helpers of tests/training/test_sensitivity.py
+(scripts/reproduce_privacy_audit.sh calls it). Columns: epsilon reported by Opacus vs
+epsilon recomputed by dp-accounting's PLD from the ledger; the largest
 ||sum(D) - sum(D')|| / sensitivity over the neighbouring-batch cases; the one-run audit's
 epsilon_lower vs epsilon_claimed (and the same with noise or clipping switched off, dpsgd).
 """
@@ -12,20 +14,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from dpbench.audit.cli import run_audit  # noqa: E402
-from dpbench.cli import CONF_DIR  # noqa: E402
-from dpbench.experiment import build_trainer  # noqa: E402
-from dpbench.privacy.verify import pld_epsilon  # noqa: E402
-from tests.cli_helpers import QUIET_CLI  # noqa: E402
-from tests.method_matrix import all_methods, is_private, method_overrides  # noqa: E402
-from tests.training.test_sensitivity import (  # noqa: E402
+from dpbench.audit.cli import run_audit
+from dpbench.config.compose import compose_config
+from dpbench.experiment import build_trainer
+from dpbench.privacy.verify import pld_epsilon
+from tests.cli_helpers import QUIET_CLI
+from tests.method_matrix import all_methods, is_private, method_overrides
+from tests.training.test_sensitivity import (
     _adversary,
     _aggregate,
     _distance,
@@ -34,8 +30,7 @@ from tests.training.test_sensitivity import (  # noqa: E402
 
 
 def compose_with(name: str, *overrides: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(name, overrides=[*QUIET_CLI, *overrides])
+    return compose_config([*QUIET_CLI, *overrides], config_name=name)
 
 
 def sensitivity_ratio(method: str) -> float:

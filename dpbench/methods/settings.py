@@ -1,0 +1,57 @@
+"""``method.settings``: one dataclass per method holds the keys, their types and defaults.
+
+A method names its dataclass in ``settings_cls``; ``dpbench.config.schema.register_schemas``
+stores it in Hydra's ConfigStore as ``method/settings/<name>``, which the method's YAML lists
+first in its defaults (``- settings: <name>``). Hydra then checks types when it composes (a
+string for a float fails there, naming the key), and the YAML states only what differs from
+the defaults. Range checks live in the dataclass's ``__post_init__`` and run when the method is
+built, before any data is loaded or privacy spent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from dpbench.errors import ConfigError
+
+
+@dataclasses.dataclass
+class NoSettings:
+    """The settings of a method that has none."""
+
+
+def require(ok: bool, key: str, expected: str, value: Any) -> None:
+    """Raise ConfigError ``method.settings.<key> must be <expected> (got <value>)`` unless ok."""
+    if not ok:
+        raise ConfigError(f"method.settings.{key} must be {expected} (got {value!r})")
+
+
+def is_number(value: Any) -> bool:
+    """Return True for an int or float that is not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def checked_settings(method: str, settings_cls: type, values: Mapping[str, Any]) -> dict:
+    """Return the settings as a dict: ``values`` over the defaults, types and ranges checked.
+
+    Unknown keys, values of the wrong type (OmegaConf's conversion rules, as at composition)
+    and values out of range (the dataclass's ``__post_init__``) raise a one-line ConfigError
+    naming ``method.settings.<key>``.
+    """
+    known = [f.name for f in dataclasses.fields(settings_cls)]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ConfigError(f"method {method!r} has no setting(s) {unknown}; known: {sorted(known)}")
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(settings_cls), dict(values))
+        obj = OmegaConf.to_object(node)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or getattr(err, "key", None) or "?"
+        message = str(getattr(err, "msg", err)).splitlines()[0]
+        raise ConfigError(f"method.settings.{key}: {message}") from err
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}

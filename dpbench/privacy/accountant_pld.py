@@ -1,0 +1,189 @@
+"""Epsilon of Poisson-subsampled Gaussian steps by dp-accounting's PLD, bounded and cached.
+
+The numerics are dp-accounting's privacy loss distributions (Koskela, Jaelkoe, Honkela 2020;
+Doroshenko, Ghazi, Kamath, Kumar, Manurangsi 2022, "Connect the dots"). This module only
+chooses the discretisation, checks the grid sizes before anything is allocated, and caches.
+
+Why the result is an upper bound at any discretisation: the pessimistic connect-the-dots PLD
+of one step dominates the step's true PLD (Doroshenko et al. 2022, Sec. 3), composition of
+dominating PLDs dominates the composition, tail mass cut by truncation is moved to +infinity,
+and rounding a noise multiplier down (more privacy loss) never lowers epsilon. A coarser
+interval is only looser, so grid sizes can be capped without giving up the bound.
+
+Cost: a run's steps are grouped by (sigma, q); each group is one FFT self-composition
+(``self_compose``), so k steps cost O(n log n) in the grid size n, not O(k). Base PLDs and
+epsilons are memoised (pure functions of their arguments), so calibration and the per-epoch
+queries of a run share work.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable
+from typing import Any
+
+#: (noise multiplier, sample rate, steps) of identical Poisson-subsampled Gaussian steps
+Group = tuple[float, float, int]
+
+#: grid points of one step's PLD (per adjacency direction): dp-accounting builds it with a
+#: Python loop (about 15 us a point), so this caps one build near half a second
+BASE_POINTS_CAP = 2**14
+#: grid points of the composed PLD: caps the FFTs and dp-accounting's Python loop that
+#: reads epsilon off the composed PLD
+COMPOSED_POINTS_CAP = 2**19
+#: distinct (sigma, q) groups composed exactly; beyond this sigma is rounded down on a
+#: coarser grid (pessimistic) so one query builds at most this many base PLDs
+MAX_GROUPS = 16
+#: the epsilon error of connect-the-dots grows like K * interval^2 (measured about
+#: 0.6 K d^2 for DP-SGD settings); interval = this / sqrt(K) keeps it near 5e-4
+INTERVAL_SCALE = 0.03
+#: an epsilon spanning fewer grid intervals than this is recomputed on a finer grid, so
+#: small epsilons are resolved to about 0.5 %
+RESOLUTION = 500
+#: truncation of the composed tails (moved to +infinity: pessimistic)
+TAIL_MASS = 1e-15
+#: discretisation intervals used: a 1-2-5 ladder, so that queries at nearby step counts and
+#: calibration share base PLDs
+LADDER = tuple(m * 10.0**e for e in range(-6, 8) for m in (1.0, 2.0, 5.0))
+
+
+def _ladder_at_most(x: float) -> float:
+    return max([v for v in LADDER if v <= x], default=LADDER[0])
+
+
+def _ladder_at_least(x: float) -> float:
+    return min([v for v in LADDER if v >= x], default=LADDER[-1])
+
+
+def round_down(x: float, bits: int = 36) -> float:
+    """Return x rounded down to ``bits`` significant bits (cache keys; pessimistic for sigma)."""
+    if x <= 0 or not math.isfinite(x):
+        return x
+    mantissa, exponent = math.frexp(x)
+    return math.ldexp(math.floor(mantissa * 2**bits) / 2**bits, exponent)
+
+
+def round_up(x: float, bits: int = 36) -> float:
+    """Return x rounded up to ``bits`` significant bits (pessimistic for a sample rate)."""
+    if x <= 0 or not math.isfinite(x):
+        return x
+    mantissa, exponent = math.frexp(x)
+    return math.ldexp(math.ceil(mantissa * 2**bits) / 2**bits, exponent)
+
+
+def canonical_groups(history: Iterable[Group], bits: int = 36) -> tuple[Group, ...]:
+    """Return the steps merged by (sigma rounded down, q rounded up), sorted; composition
+    commutes, so the order of the steps does not matter. Steps that release nothing
+    (q = 0, or sigma = inf) are dropped."""
+    merged: dict[tuple[float, float], int] = {}
+    for sigma, q, steps in history:
+        if steps <= 0 or q <= 0 or math.isinf(sigma):
+            continue
+        key = (round_down(float(sigma), bits), min(round_up(float(q), bits), 1.0))
+        merged[key] = merged.get(key, 0) + int(steps)
+    groups = tuple(sorted((s, q, k) for (s, q), k in merged.items()))
+    if len(groups) > MAX_GROUPS and bits > 4:
+        return canonical_groups(groups, bits - 8)
+    return groups
+
+
+def interval_for(total_steps: int) -> float:
+    """Return the default discretisation interval for a composition of ``total_steps``."""
+    return _ladder_at_most(INTERVAL_SCALE / math.sqrt(max(total_steps, 1)))
+
+
+@functools.lru_cache(maxsize=256)
+def _loss_span(sigma: float, q: float) -> float:
+    """Return the width of one step's privacy-loss support that connect-the-dots grids."""
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    span = 0.0
+    for adjacency in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD):
+        bounds = plm.GaussianPrivacyLoss(sigma, sampling_prob=q,
+                                         adjacency_type=adjacency).connect_dots_bounds()
+        span = max(span, bounds.epsilon_upper - bounds.epsilon_lower)
+    return span
+
+
+@functools.lru_cache(maxsize=32)
+def base_pld(sigma: float, q: float, interval: float) -> Any:
+    """Return dp-accounting's pessimistic connect-the-dots PLD of one step (memoised)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    base = pld.from_gaussian_mechanism(
+        standard_deviation=sigma, sensitivity=1.0, pessimistic_estimate=True,
+        value_discretization_interval=interval, sampling_prob=q, use_connect_dots=True)
+    # dense PMFs: a sparse (small) PMF's self_compose first evaluates size**steps as a Python
+    # integer, seconds for a million steps; the dense FFT path is sized by Chernoff bounds
+    remove, add = base._pmf_remove, base._pmf_add  # dp-accounting has no public accessor
+    if q >= 1.0:
+        return pld.PrivacyLossDistribution(remove.to_dense_pmf())
+    return pld.PrivacyLossDistribution(remove.to_dense_pmf(), add.to_dense_pmf())
+
+
+def _composed_points(base: Any, steps: int) -> int:
+    """Return the grid length ``base.self_compose(steps)`` would allocate (Chernoff bounds)."""
+    from dp_accounting.pld import common
+
+    points = 0
+    for pmf in (base._pmf_remove, base._pmf_add):  # dp-accounting keeps no public accessor
+        probs = pmf.to_dense_pmf()._probs
+        if steps * (len(probs) - 1) + 1 <= COMPOSED_POINTS_CAP:  # the untruncated length fits
+            points = max(points, steps * (len(probs) - 1) + 1)
+            continue
+        lower, upper = common.compute_self_convolve_bounds(probs, steps, TAIL_MASS)
+        points = max(points, upper - lower + 1, len(probs))
+    return points
+
+
+def plan_interval(groups: tuple[Group, ...], finest: float = math.inf) -> float:
+    """Return the interval to compose ``groups`` at: the default for their total step count
+    (or ``finest`` if smaller), coarsened until one step's grid fits ``BASE_POINTS_CAP``
+    and the composed grid fits ``COMPOSED_POINTS_CAP``. The first check allocates nothing;
+    the second sizes the composition from the (capped) base PLDs before any FFT runs."""
+    total = sum(k for _, _, k in groups)
+    interval = min(interval_for(total), _ladder_at_most(finest))
+    widest = max(_loss_span(s, q) for s, q, _ in groups)
+    interval = max(interval, _ladder_at_least(widest / BASE_POINTS_CAP))
+    for _ in range(len(LADDER)):
+        points = sum(_composed_points(base_pld(s, q, interval), k) for s, q, k in groups)
+        if points <= COMPOSED_POINTS_CAP or interval >= LADDER[-1]:
+            break
+        interval = _ladder_at_least(interval * 1.01 * points / COMPOSED_POINTS_CAP)
+    return interval
+
+
+def _compose(groups: tuple[Group, ...], interval: float, delta: float) -> float:
+    composed = None
+    for sigma, q, steps in groups:
+        part = base_pld(sigma, q, interval).self_compose(steps, tail_mass_truncation=TAIL_MASS)
+        composed = part if composed is None else composed.compose(part, TAIL_MASS)
+    return max(float(composed.get_epsilon_for_delta(delta)), 0.0)
+
+
+@functools.lru_cache(maxsize=4096)
+def pld_epsilon(groups: tuple[Group, ...], delta: float) -> float:
+    """Return an upper bound on epsilon at ``delta`` of the composition of ``groups``.
+
+    ``groups`` must come from ``canonical_groups`` (sorted, merged, hashable). A small
+    epsilon (below ``RESOLUTION`` intervals) is recomputed once on a finer grid, and the
+    smaller of the two upper bounds is returned.
+    """
+    if not groups:
+        return 0.0
+    if any(s <= 0 for s, _, _ in groups):
+        return math.inf
+    interval = plan_interval(groups)
+    eps = _compose(groups, interval, delta)
+    if math.isfinite(eps) and eps < RESOLUTION * interval:
+        finer = plan_interval(groups, finest=max(eps, LADDER[0]) / RESOLUTION)
+        if finer < interval:
+            eps = min(eps, _compose(groups, finer, delta))
+    return eps
+
+
+def cache_counts() -> dict[str, int]:
+    """Return how many base PLDs were built and compositions run (for tests and benchmarks)."""
+    return {"base_builds": base_pld.cache_info().misses,
+            "compositions": pld_epsilon.cache_info().misses}

@@ -1,0 +1,124 @@
+"""Method settings are defined once (a dataclass per method) and refused before training."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from dpbench.cli import _hydra_entry
+from dpbench.errors import ConfigError
+from dpbench.experiment import build_method, build_trainer
+from dpbench.methods import get_method, method_names
+from dpbench.utils.conf import CONF_DIR
+from tests.cli_helpers import run_cli
+from tests.conftest import compose_config
+
+METHODS = method_names()
+WITH_YAML = [m for m in METHODS if (Path(CONF_DIR) / "method" / f"{m}.yaml").is_file()]
+
+#: (method, key, value out of range)
+OUT_OF_RANGE = [
+    ("adaclip", "target_quantile", 1.5), ("adaclip", "sigma_b", -1.0),
+    ("autoclip", "stability", 0.0), ("bounded_adaclip", "clip_floor", -1.0),
+    ("disk", "kappa", 0.0), ("disk", "gamma", -1.0), ("dp_adaln", "c_max", -1.0),
+    ("fiber", "omega", 2.0), ("fiber", "filter", "kalman"), ("ivon", "mc_samples", 0),
+    ("dp_ivon", "eval_samples", -1), ("spectral_denoise", "kappa", 0.0),
+    ("spectral_denoise", "targets", "everything"),
+]
+#: a value of the wrong type for each field type (strings accept anything)
+WRONG_TYPE = {float: "abc", int: "1.5", bool: "maybe"}
+
+
+def _settings_keys_read(cls: type) -> set[str]:
+    """Return the keys the method's code reads as ``self.settings["key"]`` (its whole MRO)."""
+    keys: set[str] = set()
+    for klass in cls.__mro__:
+        if not klass.__module__.startswith("dpbench.methods"):
+            continue
+        tree = ast.parse(inspect.getsource(klass))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
+                    and node.value.attr == "settings" and isinstance(node.slice, ast.Constant)):
+                keys.add(node.slice.value)
+    return keys
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_every_method_has_a_settings_dataclass(name):
+    cls = get_method(name)
+    assert dataclasses.is_dataclass(cls.settings_cls), f"{name}: settings_cls is no dataclass"
+    defaults = dataclasses.asdict(cls.settings_cls())
+    assert cls.settings_defaults() == defaults
+    assert _settings_keys_read(cls) <= set(defaults), (
+        f"{name} reads settings its dataclass does not define")
+
+
+@pytest.mark.parametrize("name", WITH_YAML)
+def test_composed_settings_are_the_dataclass_and_what_the_method_reads(name):
+    cls = get_method(name)
+    cfg = compose_config(f"method={name}")
+    assert OmegaConf.get_type(cfg.method.settings) is cls.settings_cls  # typed at composition
+    composed = OmegaConf.to_container(cfg.method.settings, resolve=True)
+    assert build_method(cfg).settings == composed
+    # the YAML only says what differs from the dataclass's defaults
+    raw = yaml.safe_load((Path(CONF_DIR) / "method" / f"{name}.yaml").read_text())
+    defaults = dataclasses.asdict(cls.settings_cls())
+    restated = {k: v for k, v in (raw.get("settings") or {}).items() if defaults.get(k) == v}
+    assert not restated, f"conf/method/{name}.yaml restates defaults {restated}"
+
+
+def _first_typed_field(name: str) -> list[tuple[str, str, str]]:
+    """Return [(name, key, a value of the wrong type)] for the method's first typed field."""
+    for f in dataclasses.fields(get_method(name).settings_cls):
+        for typ, bad in WRONG_TYPE.items():
+            if f.type in (typ, typ.__name__):
+                return [(name, f.name, bad)]
+    return []
+
+
+@pytest.mark.parametrize("name,key,bad", [c for m in WITH_YAML for c in _first_typed_field(m)])
+def test_wrong_type_fails_at_composition_naming_the_key(name, key, bad):
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_config(f"method={name}", f"method.settings.{key}={bad}")
+    chain = f"{err.value} {err.value.__cause__}"
+    assert f"method.settings.{key}" in chain
+
+
+@pytest.mark.parametrize("name,key,value", OUT_OF_RANGE)
+def test_out_of_range_is_one_line_naming_the_key_before_data(name, key, value, monkeypatch):
+    def no_data(*args, **kwargs):
+        raise AssertionError("data was loaded before the settings were checked")
+
+    monkeypatch.setattr("dpbench.experiment.get_dataset_builder", no_data)
+    cfg = compose_config(f"method={name}", f"method.settings.{key}={value}")
+    with pytest.raises(ConfigError) as err:
+        build_trainer(cfg, None)
+    message = str(err.value)
+    assert f"method.settings.{key}" in message and "\n" not in message
+
+
+def test_python_construction_is_checked_the_same_way():
+    fiber = get_method("fiber")
+    assert fiber(omega=1).settings["omega"] == 1.0  # converted like a composed value
+    with pytest.raises(ConfigError, match=r"method\.settings\.omega: .*Float"):
+        fiber(omega="abc")
+    with pytest.raises(ConfigError, match=r"has no setting\(s\) \['nosuch'\]"):
+        fiber(nosuch=1)
+
+
+def test_cli_refuses_out_of_range_setting_in_one_line(monkeypatch, tmp_path, capfd):
+    run_dir = tmp_path / "run"
+    code = run_cli(_hydra_entry, ["method=fiber", "method.settings.omega=2",
+                                  f"hydra.run.dir={run_dir}"], monkeypatch)
+    err = capfd.readouterr().err.strip()
+    assert code == 2
+    assert err.splitlines() == ["dpbench: error: method.settings.omega must be in (0, 1] "
+                                "(got 2.0)"], err
+    assert not run_dir.exists() or not any(run_dir.iterdir())
