@@ -47,8 +47,6 @@ from dpbench.utils.seeding import stream_generator
 
 log = logging.getLogger(__name__)
 BREAKS = ("none", "noise", "clipping")
-
-
 AUTO = "auto"
 
 
@@ -112,8 +110,8 @@ def planned_epsilon(plan: PrivacyPlan) -> float:
     if plan.target_epsilon is not None:
         return float(plan.target_epsilon)
     acc = PrivacyAccountant(plan.accountant)
-    for _ in range(plan.total_steps):
-        acc.step(noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate)
+    acc.step(noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate,
+             count=plan.total_steps)
     return acc.get_epsilon(plan.delta)
 
 
