@@ -126,8 +126,9 @@ class Trainer:
     def __init__(self, *, method: DPMethod, model: nn.Module, task: Task, data: TaskData,
                  privacy: PrivacyConfig, trainer: TrainerConfig, seed: int,
                  run_dir: str | Path | None = None, callbacks: list[Callback] | None = None,
-                 fingerprint: str = "") -> None:
+                 fingerprint: str = "", check_sensitivity: bool = True) -> None:
         self.method, self.task, self.data = method, task, data
+        self.check_sensitivity = check_sensitivity  # False: the audit's broken mechanism only
         self.settings, self.seed = trainer, seed
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.callbacks = callbacks or []
@@ -223,7 +224,8 @@ class Trainer:
             ctx.noise_std = (self.method.gradient_noise_multiplier(self.plan.noise_multiplier)
                              * sens / self.plan.expected_batch_size)
             release = private_release(self.method, self.engine, self.task, batch, ctx,
-                                      self.plan.noise_multiplier, physical)
+                                      self.plan.noise_multiplier, physical,
+                                      check_sensitivity=self.check_sensitivity)
             self._account(release)  # the release happened: account before anything can fail
         else:
             release = nonprivate_gradient(self.method, self.model, self.params, self.task,

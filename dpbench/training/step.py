@@ -63,11 +63,13 @@ class Aggregate:
 
 
 def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task, batch,
-                      ctx: StepContext, sigma: float, max_physical: int | None) -> Aggregate:
+                      ctx: StepContext, sigma: float, max_physical: int | None, *,
+                      check_sensitivity: bool = True) -> Aggregate:
     """Return sum_i w_i u_i and the extra queries' sums, checked against their sensitivity.
 
     Stages 3-5 and the pre-noise half of stage 6; ``private_release`` adds the noise. Tests
     call this on neighbouring batches to check the sensitivity the accountant assumes.
+    ``check_sensitivity=False`` is for the audit's deliberately broken mechanism only.
     """
     params = engine.params
     points = method.evaluation_points(ctx)
@@ -114,12 +116,14 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
             factors = method.clip_factors(norms, ctx)
             factors = torch.where(kept.to(factors.device), factors, torch.zeros_like(factors))
             chunk_sums = [torch.einsum("i,i...->...", factors.to(c.dtype), c) for c in combined]
-        _check_bound("gradient", factors * norms, sensitivity)
+        if check_sensitivity:
+            _check_bound("gradient", factors * norms, sensitivity)
         for s, c in zip(sums, chunk_sums):
             s.add_(c)
         kept_norms = norms[kept.to(norms.device)]
         for q in method.extra_queries(kept_norms, ctx):  # dropped examples make no query
-            _check_bound(q.name, q.values.abs(), q.sensitivity)
+            if check_sensitivity:
+                _check_bound(q.name, q.values.abs(), q.sensitivity)
             extra_sums[q.name] = extra_sums.get(q.name, 0.0) + q.values.sum()
             extra_specs[q.name] = q
         losses.append(loss.detach())
@@ -137,9 +141,11 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
 
 
 def private_release(method: DPMethod, engine: PerExampleGradients, task: Task, batch,
-                    ctx: StepContext, sigma: float, max_physical: int | None) -> Release:
+                    ctx: StepContext, sigma: float, max_physical: int | None, *,
+                    check_sensitivity: bool = True) -> Release:
     """Return the noisy mean gradient and extra queries of one logical step."""
-    agg = clipped_aggregate(method, engine, task, batch, ctx, sigma, max_physical)
+    agg = clipped_aggregate(method, engine, task, batch, ctx, sigma, max_physical,
+                            check_sensitivity=check_sensitivity)
     sums, extra_sums, extra_specs, queries = agg.sums, agg.extra_sums, agg.extra_specs, agg.queries
     grad_std = queries[0].noise_std
     released = []
