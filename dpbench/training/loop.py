@@ -317,6 +317,9 @@ class Trainer:
         self.history = list(state["history"])
         self.step_history = list(state.get("step_history", []))
         self.private_history = list(state.get("private_history", []))
+        if "generators" not in state:
+            raise ConfigError("the checkpoint in this run directory predates per-stream seeds "
+                              "and cannot be resumed exactly; start a new hydra.run.dir")
         for name, saved in state["generators"].items():
             generator = self.generators[name]
             generator.set_state(saved.to(generator.get_state().device))
