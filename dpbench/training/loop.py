@@ -215,7 +215,7 @@ class Trainer:
         self.accountant.step(noise_multiplier=sigma, sample_rate=self.plan.sample_rate)
 
     # ---- one step ------------------------------------------------------------------------
-    def train_step(self, batch: Any) -> dict[str, float]:
+    def train_step(self, batch: Any) -> dict[str, Any]:
         ctx = self._context()
         batch = move_to(batch, self.device)
         physical = self.settings.max_physical_batch_size
@@ -232,15 +232,16 @@ class Trainer:
                                           batch, ctx, physical)
         self._apply(release, ctx)
         self.step += 1
-        # diagnostics of the examples kept (non-finite ones are dropped, see step.py)
-        metrics = {"step": self.step, "batch_size": release.realised_batch,
+        # released values (and their post-processing) at the top level; un-privatised
+        # diagnostics of the kept examples (non-finite ones are dropped, see step.py) only
+        # under "private": sinks leave them out unless asked (docs/privacy-unit-and-streams.md)
+        private = {"batch_size": release.realised_batch,
                    "loss": float(release.losses.mean()) if release.losses.numel() else math.nan}
         if release.norms is not None and release.norms.numel():
-            metrics["clip_fraction"] = release.clipped_fraction
-            metrics.update(quantile_summary("grad_norm", release.norms))
-        metrics.update(self.method.step_metrics())
-        metrics.update(self.task.step_metrics())
-        return metrics
+            private["clip_fraction"] = release.clipped_fraction
+            private.update(quantile_summary("grad_norm", release.norms))
+        private.update(self.task.step_metrics())
+        return {"step": self.step, **self.method.step_metrics(), "private": private}
 
     def _apply(self, release: Release, ctx: StepContext) -> None:
         """Post-process and apply the release; skip or stop when it or the update is not finite.
