@@ -38,7 +38,8 @@ def _run(cache: str, mode: str = "hooks") -> tuple[Trainer, dict]:
     data = _data()
     trainer = Trainer(method=get_method("dplora")(optimizer=torch.optim.Adam), model=model,
                       task=TextClassification(data), data=data,
-                      privacy=PrivacyConfig(noise_multiplier=1.0, accountant="rdp"),
+                      privacy=PrivacyConfig(noise_multiplier=1.0, target_epsilon=None,
+                                              accountant="rdp"),
                       trainer=TrainerConfig(epochs=2, batch_size=10, checkpoint=False,
                                             progress=False, device="cpu",
                                             grad_sample_mode=mode, cache_frozen_prefix=cache),
