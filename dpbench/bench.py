@@ -1,32 +1,40 @@
 """``dpbench-bench``: the cost of privacy per step, as ratios measured in one process.
 
-For each model and grad-sample mode: the median time of one DP-SGD step (per-example
-gradients, clipping, noise, update) divided by the median time of one non-private step
-(mean-loss backward, update) on the same batch. Warm-up first, then repetitions that
-alternate the two so drift (thermal, other load) hits both alike.
+For each model: the median time of one DP-SGD step (per-example work, clipping, noise,
+update) in each dpbench grad-sample mode (``bk``, ``hooks``, ``ghost``, ...) and in raw
+Opacus (``PrivacyEngine.make_private`` with hooks and with ghost clipping, Opacus's own loss
+and optimiser), divided by the median time of one non-private step (mean-loss backward,
+update) on the same batch. Warm-up first, then repetitions that rotate the order of all
+variants, so drift (thermal, other load) hits each alike. The load average is printed: on a
+shared machine, compare ratios from one run only.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from dpbench.methods import get_method
 from dpbench.methods.base import StepContext
 from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
-from dpbench.training.per_example import PerExampleGradients
+from dpbench.training.engines import build_engine
 from dpbench.training.step import private_release
 from dpbench.utils.conf import GRAD_SAMPLE_MODES
 
 #: model -> (input shape, batch size on CPU, batch size on CUDA)
 DEFAULT_MODELS = {"mlp": ((1, 8, 8), 256, 1024), "cnn2": ((1, 28, 28), 256, 1024),
-                  "resnet18": ((3, 32, 32), 16, 256)}
+                  "resnet18": ((3, 32, 32), 64, 256)}
+DPBENCH_MODES = tuple(m for m in GRAD_SAMPLE_MODES if m != "auto")
+OPACUS_MODES = ("hooks", "ghost")
 
 
 def _sync(device: torch.device) -> None:
@@ -34,87 +42,154 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def bench_model(name: str, mode: str, batch: int, shape, device: torch.device, reps: int,
-                warmup: int) -> dict[str, float]:
-    """Return median non-private and DP step times (s) and their ratio for one setting."""
-    torch.manual_seed(0)
-    base = get_model_builder(name)(shape, 10).to(device)
-    model_np, model_dp = base, copy.deepcopy(base)
+def _nonprivate_step(model, x, y) -> Callable[[], None]:
     task = get_task("classification")()
-    x = torch.randn(batch, *shape, device=device)
-    y = torch.randint(0, 10, (batch,), device=device)
-    opt_np = torch.optim.SGD(model_np.parameters(), lr=1e-3)
-    engine = PerExampleGradients(model_dp, mode)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        task.per_example_loss(model, (x, y)).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def _dpbench_step(model, mode: str, x, y, device) -> Callable[[], None]:
+    """Return one dpbench DP-SGD step (the loop's release + update) in grad-sample ``mode``."""
+    task = get_task("classification")()
+    engine = build_engine(model, mode)
     method = get_method("dpsgd")(optimizer=lambda p: torch.optim.SGD(p, lr=1e-3))
     method.params, method.optimizer = engine.params, torch.optim.SGD(engine.params, lr=1e-3)
     gen = torch.Generator(device=device).manual_seed(0)
+    batch = x.shape[0]
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=1.0,
-                      expected_batch_size=float(batch), sample_rate=0.01, dataset_size=batch * 100,
-                      total_steps=1, generator=gen)
+                      expected_batch_size=float(batch), sample_rate=0.01,
+                      dataset_size=batch * 100, total_steps=1, generator=gen)
 
-    def step_np() -> None:
-        task.per_example_loss(model_np, (x, y)).mean().backward()
-        opt_np.step()
-        opt_np.zero_grad(set_to_none=True)
-
-    def step_dp() -> None:
+    def step() -> None:
         release = private_release(method, engine, task, (x, y), ctx, 1.0, None)
         method.update(release.grads, ctx)
+    return step
+
+
+def _opacus_step(model, mode: str, x, y) -> Callable[[], None]:
+    """Return one step of raw Opacus ``make_private`` (its loss wrapper in ghost mode)."""
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loader = DataLoader(TensorDataset(x.cpu(), y.cpu()), batch_size=x.shape[0])
+    engine = PrivacyEngine()
+    out = engine.make_private(module=model, optimizer=opt, data_loader=loader,
+                              noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False,
+                              grad_sample_mode=mode, criterion=torch.nn.CrossEntropyLoss())
+    dp_model, dp_opt = out[0], out[1]
+    criterion = out[2] if mode == "ghost" else torch.nn.CrossEntropyLoss()
+
+    def step() -> None:
+        loss = criterion(dp_model(x), y) if mode == "ghost" else F.cross_entropy(dp_model(x), y)
+        loss.backward()
+        dp_opt.step()
+        dp_opt.zero_grad(set_to_none=True)
+    return step
+
+
+def bench_model(name: str, modes: list[str], opacus_modes: list[str], batch: int, shape,
+                device: torch.device, reps: int, warmup: int,
+                clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """Return the median step time (s) of each variant ("nonprivate", "dpbench <mode>",
+    "opacus <mode>") on one model and batch, repetitions interleaved; failed variants map to
+    nan."""
+    torch.manual_seed(0)
+    base = get_model_builder(name)(shape, 10).to(device)
+    x = torch.randn(batch, *shape, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    steps: dict[str, Callable[[], None]] = {"nonprivate": _nonprivate_step(base, x, y)}
+    failed: dict[str, str] = {}
+    for mode in modes:
+        try:
+            steps[f"dpbench {mode}"] = _dpbench_step(copy.deepcopy(base), mode, x, y, device)
+        except Exception as err:  # a mode a model does not support
+            failed[f"dpbench {mode}"] = type(err).__name__
+    for mode in opacus_modes:
+        try:
+            steps[f"opacus {mode}"] = _opacus_step(copy.deepcopy(base), mode, x, y)
+        except Exception as err:
+            failed[f"opacus {mode}"] = type(err).__name__
+    times: dict[str, list[float]] = {k: [] for k in steps}
 
     def timed(fn) -> float:
         _sync(device)
-        start = time.perf_counter()
+        start = clock()
         fn()
         _sync(device)
-        return time.perf_counter() - start
+        return clock() - start
 
-    for _ in range(warmup):
-        step_np()
-        step_dp()
-    t_np, t_dp = [], []
+    for key, fn in list(steps.items()):
+        try:
+            for _ in range(warmup):
+                fn()
+        except Exception as err:
+            failed[key] = type(err).__name__
+            del steps[key], times[key]
+    keys = list(steps)
     for r in range(reps):
-        order = (step_np, step_dp) if r % 2 == 0 else (step_dp, step_np)
-        for fn in order:
-            (t_np if fn is step_np else t_dp).append(timed(fn))
-    np_med, dp_med = statistics.median(t_np), statistics.median(t_dp)
-    return {"nonprivate_s": np_med, "dp_s": dp_med, "ratio": dp_med / np_med}
+        for key in keys[r % len(keys):] + keys[:r % len(keys)]:  # rotate the order
+            times[key].append(timed(steps[key]))
+    result = {k: statistics.median(v) for k, v in times.items()}
+    result.update({k: float("nan") for k in failed})
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="dpbench-bench",
-        description="Median DP-SGD step time / non-private step time per model and "
-                    "grad-sample mode, measured in one process (warm-up, interleaved reps).")
+        description="Median DP-SGD step time / non-private step time per model, for dpbench's "
+                    "grad-sample modes and raw Opacus make_private, measured in one process "
+                    "(warm-up, interleaved repetitions).")
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS),
                         choices=list(DEFAULT_MODELS))
-    parser.add_argument("--modes", nargs="+", default=list(GRAD_SAMPLE_MODES),
-                        choices=list(GRAD_SAMPLE_MODES))
+    parser.add_argument("--modes", nargs="+", default=list(DPBENCH_MODES),
+                        choices=list(DPBENCH_MODES), help="dpbench grad-sample modes")
+    parser.add_argument("--opacus-modes", nargs="*", default=list(OPACUS_MODES),
+                        choices=list(OPACUS_MODES), help="raw Opacus reference rows")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="override the per-model default batch size")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: this thread's CPU time (needs --threads 1 on CPU); on a "
+                             "loaded machine it is not inflated by waiting for a core")
     args = parser.parse_args(argv)
+    if args.clock == "cpu" and (args.threads != 1 or args.device == "cuda"):
+        parser.error("--clock cpu measures one thread: use it with --threads 1 on CPU")
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else ("cpu" if args.device == "auto" else args.device))
-    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print("| model | mode | batch | non-private ms | DP ms | DP / non-private |")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"clock {args.clock}, load average {load[0]:.1f} (cpus {os.cpu_count()})")
+    print("| model | variant | batch | ms / step | / non-private | / best Opacus |")
     print("|---|---|---|---|---|---|")
-    best: dict[str, float] = {}
     for name in args.models:
         shape, b_cpu, b_gpu = DEFAULT_MODELS[name]
         batch = args.batch_size or (b_gpu if device.type == "cuda" else b_cpu)
-        reps = args.reps if name != "resnet18" or device.type == "cuda" else min(args.reps, 4)
-        for mode in args.modes:
-            try:
-                r = bench_model(name, mode, batch, shape, device, reps, args.warmup)
-            except Exception as err:  # a mode a model does not support
-                print(f"| {name} | {mode} | {batch} | - | - | failed: {type(err).__name__} |")
+        reps = args.reps if name != "resnet18" or device.type == "cuda" else min(args.reps, 6)
+        r = bench_model(name, args.modes, args.opacus_modes, batch, shape, device, reps,
+                        args.warmup, clock)
+        base = r["nonprivate"]
+        opacus = [v for k, v in r.items() if k.startswith("opacus") and v == v]
+        best = min(opacus) if opacus else float("nan")
+        for key, t in r.items():
+            if t != t:
+                print(f"| {name} | {key} | {batch} | - | failed | - |")
                 continue
-            best[name] = min(best.get(name, float("inf")), r["ratio"])
-            print(f"| {name} | {mode} | {batch} | {1e3 * r['nonprivate_s']:.1f} | "
-                  f"{1e3 * r['dp_s']:.1f} | {r['ratio']:.2f}x |", flush=True)
-    print("best mode per model: " + ", ".join(f"{k} {v:.2f}x" for k, v in best.items()))
+            vs = f"{t / best:.2f}x" if key.startswith("dpbench") and best == best else "-"
+            print(f"| {name} | {key} | {batch} | {1e3 * t:.1f} | {t / base:.2f}x | {vs} |",
+                  flush=True)
     return 0
 
 

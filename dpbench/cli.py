@@ -30,6 +30,7 @@ from dpbench.utils.conf import CONF_DIR
 from dpbench.utils.io import atomic_write_bytes
 from dpbench.utils.lock import RunDirLock
 from dpbench.utils.paths import check_path_values, check_run_dir, register_path_resolver
+from dpbench.utils.threads import apply_threads
 
 log = logging.getLogger("dpbench")
 register_schemas()
@@ -208,6 +209,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo) -> dict | 
             if record is not None:
                 print(f"dpbench: {run_dir} already completed; epsilon {record['epsilon']}")
                 return record
+        apply_threads(cfg.trainer.get("num_threads"), hc)  # k parallel jobs share the cores
         callbacks = _callbacks(cfg, run_dir, multirun)
         trainer = build_trainer(cfg, run_dir, callbacks)
         _resume(trainer)  # a checkpoint of another config fails here, writing nothing

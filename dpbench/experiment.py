@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 #: keys that do not change what a run computes (excluded from the resume fingerprint)
 _NOT_FINGERPRINTED = ("logger", "paths", "hydra", "run_name")
-_NOT_FINGERPRINTED_TRAINER = ("resume", "progress", "eval_batch_size")
+_NOT_FINGERPRINTED_TRAINER = ("resume", "progress", "eval_batch_size", "num_threads")
 
 
 def _settings(node: Any, *drop: str) -> dict[str, Any]:

@@ -60,8 +60,27 @@ def all_methods() -> list[str]:
     return method_names()
 
 
-def method_overrides(name: str) -> list[str]:
-    """Return the overrides of ``name``'s tiny run; fail (not skip) if it has none."""
+#: the engines every privacy test runs: materialised per-example gradients and book-keeping
+ENGINE_MODES = ("hooks", "bk")
+
+
+def method_mode_params() -> list:
+    """Return pytest params (method, grad-sample mode): each private method under every engine
+    it can use (book-keeping needs one evaluation point), a non-private one once."""
+    params = []
+    for name in all_methods():
+        method = get_method(name)
+        modes = ENGINE_MODES if method.private else ENGINE_MODES[:1]
+        for mode in modes:
+            if mode == "bk" and method.needs_per_example_grads:
+                continue  # multi-point: refused in bk (tested), runs under hooks
+            params.append(pytest.param(name, mode, id=f"{name}-{mode}"))
+    return params
+
+
+def method_overrides(name: str, mode: str | None = None) -> list[str]:
+    """Return the overrides of ``name``'s tiny run (under grad-sample ``mode`` if given);
+    fail (not skip) if it has none."""
     if name not in METHOD_TEST_CONFIGS:
         pytest.fail(
             f"method {name!r} is registered but has no tiny test config: add it to "
@@ -79,7 +98,8 @@ def method_overrides(name: str) -> list[str]:
     if SYNTHETIC_ROOT in extra:
         extra = tuple(f"paths.data_root={method_matrix_root()}" if o == SYNTHETIC_ROOT else o
                       for o in extra)
-    return [*base, *chosen, *extra]
+    engine = [f"trainer.grad_sample_mode={mode}"] if mode else []
+    return [*base, *chosen, *extra, *engine]
 
 
 def is_private(name: str) -> bool:

@@ -197,6 +197,8 @@ class CanaryGradients:
 class AuditTrainer(Trainer):
     """The training loop with gradient canaries and per-canary scores of the releases."""
 
+    needs_per_example_grads = True  # canaries join the materialised per-example gradients
+
     def __init__(self, *, audit: AuditSettings, model: nn.Module, **kwargs: Any) -> None:
         method = kwargs["method"]
         plan = plan_privacy(kwargs["privacy"], kwargs["trainer"], len(kwargs["data"].train),
@@ -208,7 +210,7 @@ class AuditTrainer(Trainer):
         self.audit = audit
         super().__init__(model=CanaryModel(model, audit.canaries),
                          check_sensitivity=audit.break_mechanism != "clipping", **kwargs)
-        if self.engine.mode == "ghost":
+        if self.engine.mode in ("ghost", "bk"):
             raise ConfigError("the audit needs per-example gradients: use "
                               "trainer.grad_sample_mode=hooks or functorch")
         weight = self.model.canary.weight

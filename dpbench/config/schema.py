@@ -95,7 +95,8 @@ class TrainerConfig:
     epochs: int = 10
     batch_size: int = 64  # expected logical batch size B; Poisson rate q = B / N
     max_physical_batch_size: int | None = None  # virtual batches: chunks of this size
-    grad_sample_mode: str = "hooks"
+    grad_sample_mode: str = "auto"
+    num_threads: int | None = None  # torch threads; null: all cores, cores // k in k-job sweeps
     device: str = "auto"
     eval_batch_size: int = 1024
     eval_every: int = 1  # epochs between evaluations (the last epoch is always evaluated)
@@ -116,6 +117,10 @@ class TrainerConfig:
         if self.grad_sample_mode not in GRAD_SAMPLE_MODES:
             raise ConfigError(f"trainer.grad_sample_mode must be one of "
                               f"{', '.join(GRAD_SAMPLE_MODES)} (got {self.grad_sample_mode!r})")
+        if self.num_threads is not None and (not isinstance(self.num_threads, int)
+                                             or self.num_threads < 1):
+            raise ConfigError(f"trainer.num_threads must be an integer >= 1 or null "
+                              f"(got {self.num_threads!r})")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"trainer.device must be auto, cpu or cuda[:i] "
                               f"(got {self.device!r})")

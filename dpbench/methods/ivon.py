@@ -185,6 +185,10 @@ class IVON(DPMethod):
                               f"(got {type(self.optimizer).__name__})")
         self.optimizer.set_ess(info.dataset_size)  # lambda = N unless set (paper default)
 
+    def gradient_evaluations_per_step(self) -> int:
+        """Return S = mc_samples: one gradient evaluation per posterior sample."""
+        return int(self.settings["mc_samples"])
+
     @property
     def ivon(self) -> IVONOptimizer:
         assert isinstance(self.optimizer, IVONOptimizer)

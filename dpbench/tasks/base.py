@@ -17,6 +17,9 @@ class Task:
     observes_gradients: bool = False
     #: the loop's stream for per-example draws in the loss (None: torch's global RNG)
     generator: torch.Generator | None = None
+    #: the observer reads only per-example norms of each layer's gradient: book-keeping may
+    #: then pass one coordinate per layer holding that norm instead of the gradient itself
+    observes_norms_only: bool = False
 
     def __init__(self, data: Any = None, **settings: Any) -> None:
         self.data = data

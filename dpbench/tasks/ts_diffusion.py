@@ -79,6 +79,7 @@ class TimeSeriesDiffusion(Task):
         self.clip_denoised = clip_denoised
         self.mape_eps, self.js_bins, self.acf_lags = mape_eps, js_bins, acf_lags
         self.observes_gradients = bool(gradient_diagnostics)
+        self.observes_norms_only = True  # g_cond / g_rest / g_total are sums of squares
         self.resample_train_masks = resample_train_masks
         extras = getattr(data, "extras", {}) or {}
         self.spec: WindowSpec = extras.get("window_spec") or WindowSpec()

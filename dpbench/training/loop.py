@@ -41,7 +41,7 @@ from dpbench.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from dpbench.training.per_example import PerExampleGradients
+from dpbench.training.engines import CLIPPED_SUM_MODES, build_engine, choose_grad_sample_mode
 from dpbench.training.prefix_cache import maybe_cache_prefix
 from dpbench.training.step import Release, nonprivate_gradient, private_release
 from dpbench.utils.seeding import seed_everything, stream_generator
@@ -123,6 +123,10 @@ def plan_privacy(privacy: PrivacyConfig, trainer: TrainerConfig, dataset_size: i
 class Trainer:
     """Runs one method on one task under one privacy plan; resumable from its run dir."""
 
+    #: a subclass that reads per-example gradients itself (the audit) sets this: ``auto``
+    #: then materialises them (Opacus hooks) instead of book-keeping's clipped sums
+    needs_per_example_grads = False
+
     def __init__(self, *, method: DPMethod, model: nn.Module, task: Task, data: TaskData,
                  privacy: PrivacyConfig, trainer: TrainerConfig, seed: int,
                  run_dir: str | Path | None = None, callbacks: list[Callback] | None = None,
@@ -140,10 +144,10 @@ class Trainer:
                               f"of dataset {data.name!r} (it supports: "
                               f"{', '.join(sorted(method.tasks))})")
         if self.plan.private and method.needs_per_example_grads and \
-                trainer.grad_sample_mode == "ghost":
+                trainer.grad_sample_mode in CLIPPED_SUM_MODES:
             raise ConfigError(f"method {method.name!r} combines per-example gradients and "
                               "needs them materialised: use trainer.grad_sample_mode=hooks "
-                              "or functorch, not ghost")
+                              f"or functorch, not {trainer.grad_sample_mode}")
         seed_everything(seed, "model_configure")
         model = method.configure_model(model)
         model, self.data = maybe_cache_prefix(model, data, self.device,
@@ -157,8 +161,10 @@ class Trainer:
                                   + ". Use GroupNorm instead of BatchNorm.")
         self.model = model.to(self.device)  # before Opacus hooks (peft/Opacus issue #820)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.engine = (PerExampleGradients(self.model, trainer.grad_sample_mode)
-                       if self.plan.private else None)
+        self.grad_sample_mode = (choose_grad_sample_mode(
+            trainer.grad_sample_mode, self.model, method, task, self.needs_per_example_grads)
+            if self.plan.private else None)
+        self.engine = build_engine(self.model, self.grad_sample_mode) if self.plan.private else None
         self.info = RunInfo(
             dataset_size=len(data.train), expected_batch_size=self.plan.expected_batch_size,
             sample_rate=self.plan.sample_rate, total_steps=self.plan.total_steps,
@@ -407,6 +413,7 @@ class Trainer:
             "skipped_steps": self.skipped_steps,
             "accountant": self.accountant.mechanism if self.accountant else None,
             "clip_norm": self.clip_norm if self.plan.private else None,
+            "grad_sample_mode": self.grad_sample_mode,
             "dataset_size": len(self.data.train),
             # what one "example" of epsilon protects (time series: window or observation)
             "privacy_unit": self.data.extras.get("privacy_unit", "example"),

@@ -81,12 +81,18 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
     n = batch_size(batch)
     chunks = physical_chunks(batch, max_physical) if n > 0 else []
     for chunk in chunks:
-        if engine.mode == "ghost":
+        if engine.mode in ("ghost", "bk"):  # clipped sums without per-example gradients
             if len(points) != 1:
                 raise PrivacyError("ghost clipping supports one evaluation point per step")
             with parameters_at(params, points[0].offsets):
                 chunk_sums, norms, factors, loss, kept = engine.ghost_clipped_sum(
                     task.per_example_loss, chunk, lambda nr: method.clip_factors(nr, ctx))
+            if task.observes_gradients and engine.mode == "bk" and bool(kept.any()):
+                # diagnostics only: book-keeping hands norm-only observers per-layer norms
+                dev = kept.to(norms.device)
+                task.observe_per_example_gradients(
+                    {k: v[dev] for k, v in engine.layer_norms().items()}, norms[dev],
+                    ctx.clip_norm)
             chunk_sums = [points[0].weight * s for s in chunk_sums]
             norms = norms * abs(points[0].weight)
         else:

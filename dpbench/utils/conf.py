@@ -10,4 +10,4 @@ CONF_DIR = os.environ.get("DPBENCH_CONFIG_DIR",
                           str(Path(__file__).resolve().parents[2] / "conf"))
 
 #: ``trainer.grad_sample_mode`` values (checked by the schema, used by the loop and the bench)
-GRAD_SAMPLE_MODES = ("hooks", "functorch", "ghost")
+GRAD_SAMPLE_MODES = ("auto", "hooks", "functorch", "ghost", "bk")  # auto, bk: training/engines.py

@@ -8,7 +8,7 @@ import pytest
 
 from dpbench.privacy.verify import ledger_noise_multiplier, pld_epsilon
 from tests.conftest import compose_config, run_config
-from tests.method_matrix import all_methods, is_private, method_overrides
+from tests.method_matrix import is_private, method_mode_params, method_overrides
 
 #: the run's accountant and this check's PLD are upper bounds discretised differently (the
 #: run's pld groups steps and uses a coarser grid; prv is Opacus's); the reported epsilon
@@ -35,12 +35,13 @@ def check_ledger(summary: dict) -> float:
     return eps_pld
 
 
-@pytest.mark.parametrize("name", all_methods())
-def test_reported_epsilon_matches_independent_pld(name, tmp_path):
-    summary = run_config(compose_config(*method_overrides(name)), tmp_path)
+@pytest.mark.parametrize("name,mode", method_mode_params())
+def test_reported_epsilon_matches_independent_pld(name, mode, tmp_path):
+    summary = run_config(compose_config(*method_overrides(name, mode)), tmp_path)
     if not is_private(name):
         assert math.isinf(summary["epsilon"]) and summary["privacy_ledger"] == []
         return
+    assert summary["grad_sample_mode"] == mode  # the engine that ran is recorded
     eps_pld = check_ledger(summary)
     assert summary["epsilon"] <= summary["target_epsilon"] * 1.01 + 1e-9
     assert eps_pld <= summary["target_epsilon"] * 1.02

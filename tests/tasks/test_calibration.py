@@ -57,3 +57,19 @@ def test_classification_metrics_carry_calibration_for_every_method():
     assert m["nll"] == pytest.approx(m["loss"]) and m["ece"] == pytest.approx(ECE_BY_HAND)
     assert len(m["reliability_count"]) == 15
 
+
+
+def test_ece_equals_torchmetrics_including_bin_edges():
+    """The hand-binned ECE (no torchmetrics import at run time) equals torchmetrics' own."""
+    from torchmetrics.functional.classification import multiclass_calibration_error
+
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.softmax(3 * torch.randn(500, 4, generator=gen), dim=1)
+    edges = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.4, 0.2, 0.2, 0.2],
+                          [2 / 3, 1 / 3, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    probs = torch.cat([probs, edges])  # confidence exactly on a bin edge, and 1.0
+    labels = torch.randint(0, 4, (len(probs),), generator=gen)
+    for n_bins in (15, 10, 7):
+        ref = float(multiclass_calibration_error(probs, labels, num_classes=4, n_bins=n_bins,
+                                                 norm="l1"))
+        assert expected_calibration_error(probs, labels, n_bins) == pytest.approx(ref, abs=1e-6)

@@ -47,7 +47,7 @@ def _run(cache: str, mode: str = "hooks") -> tuple[Trainer, dict]:
     return trainer, trainer.fit()
 
 
-@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "bk"])
 def test_cached_run_equals_uncached_run(mode):
     torch.set_num_threads(1)
     cached, with_cache = _run("on", mode)

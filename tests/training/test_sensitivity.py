@@ -16,7 +16,7 @@ from dpbench.errors import PrivacyError
 from dpbench.experiment import build_trainer
 from dpbench.training.step import SENSITIVITY_SLACK, clipped_aggregate
 from tests.conftest import compose_config
-from tests.method_matrix import all_methods, is_private, method_overrides
+from tests.method_matrix import is_private, method_mode_params, method_overrides
 
 ADVERSARIAL_SCALE = 1e3  # the neighbour's features are scaled by this: a huge gradient
 
@@ -41,8 +41,10 @@ def _adversary(data):
     return _scaled(data.train[0], ADVERSARIAL_SCALE, data.num_classes)
 
 
-def _trained_trainer(name: str, steps: int = 3):
-    trainer = build_trainer(compose_config(*method_overrides(name)), None)
+def _trained_trainer(name: str, steps: int = 3, mode: str | None = None):
+    trainer = build_trainer(compose_config(*method_overrides(name, mode)), None)
+    if mode is not None and is_private(name):
+        assert trainer.engine.mode == mode
     batches = iter(trainer.train_loader)
     for _ in range(steps):  # non-trivial method state before the check
         trainer.train_step(next(batches))
@@ -72,13 +74,13 @@ def _distance(a, b) -> float:
     return float(torch.sqrt(sum(((x - y) ** 2).sum() for x, y in zip(a.sums, b.sums))))
 
 
-@pytest.mark.parametrize("name", all_methods())
-def test_neighbouring_batches_within_sensitivity(name):
+@pytest.mark.parametrize("name,mode", method_mode_params())
+def test_neighbouring_batches_within_sensitivity(name, mode):
     if not is_private(name):
-        trainer = build_trainer(compose_config(*method_overrides(name)), None)
+        trainer = build_trainer(compose_config(*method_overrides(name, mode)), None)
         assert not trainer.plan.private and trainer.engine is None  # nothing is released
         return
-    trainer = _trained_trainer(name)
+    trainer = _trained_trainer(name, mode=mode)
     state = trainer.noise_generator.get_state()
     data = trainer.data.train
     base = [data[i] for i in range(1, 17)]
@@ -107,9 +109,10 @@ def test_neighbouring_batches_within_sensitivity(name):
     assert float(huge.norms.max()) > 2 * trainer.method.sensitivity(ctx)  # clip active
 
 
-def test_unclipped_contribution_is_refused(monkeypatch):
+@pytest.mark.parametrize("mode", ["hooks", "bk"])
+def test_unclipped_contribution_is_refused(monkeypatch, mode):
     """Negative control: with clipping switched off the loop's release refuses the batch."""
-    trainer = _trained_trainer("dpsgd", steps=1)
+    trainer = _trained_trainer("dpsgd", steps=1, mode=mode)
     monkeypatch.setattr(trainer.method, "clip_factors", lambda norms, ctx: torch.ones_like(norms))
     adversary = _adversary(trainer.data)
     with pytest.raises(PrivacyError, match="sensitivity"):

@@ -1,0 +1,68 @@
+"""Choose and build the per-example engine for ``trainer.grad_sample_mode`` (``auto``: fastest).
+
+``auto`` (the default) takes book-keeping (``bk``: one backward, clipped sums formed directly)
+when the method needs only per-example norms and clip factors at one evaluation point and
+every trainable layer has an exact book-keeping rule; otherwise Opacus ``hooks`` (materialised
+per-example gradients), which multi-point methods (DiSK, FIBER, IVON with several samples),
+gradient diagnostics and the audit's canaries need. See docs/engine.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torch import nn
+
+from dpbench.errors import ConfigError
+from dpbench.training.bk_engine import BookKeepingGradients, bk_unsupported
+from dpbench.training.per_example import PerExampleGradients
+
+log = logging.getLogger(__name__)
+
+#: modes whose engine returns clipped sums without materialising per-example gradients
+CLIPPED_SUM_MODES = ("ghost", "bk")
+
+
+def needs_materialised(method: Any, task: Any, materialise: bool = False) -> str | None:
+    """Return why this run needs materialised per-example gradients, or None."""
+    if method.needs_per_example_grads:
+        return f"method {method.name!r} combines per-example gradients of several points"
+    if method.gradient_evaluations_per_step() > 1:
+        return f"method {method.name!r} takes {method.gradient_evaluations_per_step()} " \
+               "gradient evaluations per step"
+    if getattr(task, "observes_gradients", False) and not getattr(task, "observes_norms_only",
+                                                                  False):
+        return "the task observes per-example gradients (diagnostics)"
+    if materialise:
+        return "the trainer reads per-example gradients (audit canaries)"
+    return None
+
+
+def choose_grad_sample_mode(requested: str, model: nn.Module, method: Any, task: Any,
+                            materialise: bool = False) -> str:
+    """Return the engine mode to run: ``requested``, or for ``auto`` bk where exact, else hooks.
+
+    Raises ``ConfigError`` when ``bk`` is requested for a run that needs per-example gradients.
+    """
+    need = needs_materialised(method, task, materialise)
+    if requested == "bk" and need is not None:
+        raise ConfigError(f"trainer.grad_sample_mode=bk forms clipped sums only, but {need}: "
+                          "use trainer.grad_sample_mode=hooks (or auto)")
+    if requested != "auto":
+        return requested
+    if need is not None:
+        log.info("grad_sample_mode=auto: hooks (%s)", need)
+        return "hooks"
+    reason = bk_unsupported(model)
+    if reason is not None:
+        log.info("grad_sample_mode=auto: hooks (book-keeping unsupported: %s)", reason)
+        return "hooks"
+    return "bk"
+
+
+def build_engine(model: nn.Module, mode: str) -> PerExampleGradients | BookKeepingGradients:
+    """Return the engine for a resolved ``mode`` (not ``auto``)."""
+    if mode == "bk":
+        return BookKeepingGradients(model)
+    return PerExampleGradients(model, mode)
