@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -37,6 +37,15 @@ from torch import nn
 from dpbench.privacy.ledger import Query
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+class NoiseShaper(Protocol):
+    """Turns a step's i.i.d. Gaussian noise (one tensor per parameter) into released noise."""
+
+    def __call__(self, noise: list[torch.Tensor]) -> list[torch.Tensor]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any], device: torch.device | None = None
+                        ) -> None: ...
 
 
 @dataclass
@@ -141,6 +150,23 @@ class DPMethod:
     def gradient_evaluations_per_step(self) -> int:
         """Return how many gradient evaluations a step makes (compute, not privacy)."""
         return 1
+
+    # ---- stages the loop runs but the method configures: sampling and noise shape -------
+    def participation_bands(self) -> int | None:
+        """Return b for cyclic Poisson sampling over b fixed partitions (None: plain Poisson).
+
+        With b, step t samples partition t mod b at rate b q and the loop accounts the run
+        as DP-SGD at rate b q for ceil(T / b) steps (BandMF's amplification theorem).
+        """
+        return None
+
+    def noise_shaper(self, info: RunInfo) -> NoiseShaper | None:
+        """Return the map from each step's i.i.d. gradient noise to the noise released.
+
+        None: i.i.d. noise (DP-SGD). The loop owns the object (its state is checkpointed
+        with the loop's); it must keep each step's per-participation sensitivity.
+        """
+        return None
 
     # ---- stage 0: model side -------------------------------------------------------------
     def configure_model(self, model: nn.Module) -> nn.Module:

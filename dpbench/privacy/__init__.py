@@ -6,6 +6,7 @@ from dpbench.privacy.accountant import (
     calibrate_noise_multiplier,
     default_delta,
 )
+from dpbench.privacy.banded_mf import amplified_equivalent
 from dpbench.privacy.ledger import PrivacyLedger, Query, combined_noise_multiplier
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "PrivacyAccountant",
     "PrivacyLedger",
     "Query",
+    "amplified_equivalent",
     "calibrate_noise_multiplier",
     "combined_noise_multiplier",
     "default_delta",
