@@ -369,6 +369,7 @@ class Trainer:
             "delta": self.plan.delta,
             "noise_multiplier": self.plan.noise_multiplier,
             "sample_rate": self.plan.sample_rate,
+            "participation_bands": self.plan.bands,  # accounted at rate b q, ceil(T / b) steps
             "expected_batch_size": self.plan.expected_batch_size,
             "steps": self.step,
             "planned_steps": self.plan.total_steps,
