@@ -61,20 +61,28 @@ def prefix_sum_loss(coefs: np.ndarray, n: int) -> float:
     return float(np.sum((n - np.arange(n)) * e**2) * np.sum(coefs**2))
 
 
-def _loss_and_grad(x: np.ndarray, n: int) -> tuple[float, np.ndarray]:
-    """Return ||A C^{-1}||_F^2 at c = x / ||x|| and its gradient in x (adjoint of the filter)."""
+def _log_loss_and_grad(x: np.ndarray, n: int) -> tuple[float, np.ndarray]:
+    """Return log ||A C^{-1}||_F^2 at c = x / ||x|| and its gradient in x.
+
+    The log keeps L-BFGS's steps in scale (the loss grows like n^2); an unstable C^{-1}
+    (the filter's poles outside the unit circle) returns +inf, which the line search backs
+    off from.
+    """
     norm = np.linalg.norm(x)
     c = x / norm
-    d = inverse_coefficients(c, n)
-    weights = n - np.arange(n)
-    e = np.cumsum(d)
-    loss = float(np.sum(weights * e**2))
-    grad_d = np.cumsum((2.0 * weights * e)[::-1])[::-1]  # dL/dd_k = sum_{i >= k} 2 w_i e_i
-    u = signal.lfilter([1.0], c, grad_d[::-1])[::-1]  # C^{-T} grad_d
+    with np.errstate(all="ignore"):
+        d = inverse_coefficients(c, n)
+        weights = n - np.arange(n)
+        e = np.cumsum(d)
+        loss = float(np.sum(weights * e**2))
+        if not np.isfinite(loss) or loss <= 0:
+            return math.inf, np.zeros_like(x)
+        grad_d = np.cumsum((2.0 * weights * e)[::-1])[::-1]  # dL/dd_k = sum_{i>=k} 2 w_i e_i
+        u = signal.lfilter([1.0], c, grad_d[::-1])[::-1]  # C^{-T} grad_d
     # d(C^{-1} e_0)/dc_j = -C^{-1} S_j d, S_j the shift by j rows
     grad_c = np.array([-np.dot(u[j:], d[: n - j]) for j in range(len(c))])
     grad_x = (grad_c - c * np.dot(c, grad_c)) / norm  # through c = x / ||x||
-    return loss, grad_x
+    return math.log(loss), grad_x / loss
 
 
 def optimal_coefficients(bands: int, n: int, max_iter: int = 500) -> np.ndarray:
@@ -87,8 +95,11 @@ def optimal_coefficients(bands: int, n: int, max_iter: int = 500) -> np.ndarray:
     start = sqrt_coefficients(bands)
     if bands == 1:
         return start
-    result = optimize.minimize(_loss_and_grad, start, args=(n,), jac=True, method="L-BFGS-B",
-                               options={"maxiter": max_iter})
+    # x = 30 c: L-BFGS's first trial step has unit length, which at ||x|| = 1 would rotate c
+    # far into the unstable region; the loss is invariant to ||x||
+    result = optimize.minimize(_log_loss_and_grad, 30.0 * start, args=(n,), jac=True,
+                               method="L-BFGS-B",
+                               options={"maxiter": max_iter, "gtol": 1e-12, "ftol": 1e-13})
     best = np.asarray(result.x) / np.linalg.norm(result.x)
     if best[0] < 0:  # C and -C give the same loss; keep c_0 > 0
         best = -best
@@ -112,6 +123,32 @@ def amplified_equivalent(sample_rate: float, steps: int, bands: int) -> tuple[fl
     DP-SGD with the same noise multiplier, rate b q and ceil(T / b) steps.
     """
     return bands * sample_rate, math.ceil(steps / bands)
+
+
+def expected_error_table(dataset_size: int, batch_size: int, steps: int,
+                         epsilons: list[float], bands: list[int], delta: float,
+                         accountant: str = "prv") -> list[dict[str, float]]:
+    """Return, per (epsilon, b), sigma(b) and sigma(b)^2 ||A C_b^{-1}||_F^2 / T per strategy.
+
+    sigma(b) is calibrated for the amplified DP-SGD equivalent (rate b B / N, ceil(T / b)
+    steps); the product is the expected squared error per step of the noisy prefix sums of
+    gradients, which the BandMF paper (Sec. 5) minimises over b. It reads no data.
+    """
+    from dpbench.privacy import calibrate_noise_multiplier  # public API; avoids an import cycle
+
+    rows = []
+    for eps in epsilons:
+        for b in bands:
+            if b * batch_size > dataset_size or b > steps:
+                continue
+            rate, equivalent_steps = amplified_equivalent(batch_size / dataset_size, steps, b)
+            sigma, _ = calibrate_noise_multiplier(eps, delta, rate, equivalent_steps, accountant)
+            row = {"epsilon": eps, "bands": b, "sigma": sigma}
+            for strategy in STRATEGIES:
+                coefs = strategy_coefficients(strategy, b, steps)
+                row[strategy] = sigma**2 * prefix_sum_loss(coefs, steps) / steps
+            rows.append(row)
+    return rows
 
 
 def noise_memory_bytes(bands: int, numel: int, element_size: int = 4) -> int:

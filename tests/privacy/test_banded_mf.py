@@ -43,11 +43,19 @@ def test_sqrt_coefficients_are_the_closed_form_square_root():
     assert np.allclose(sqrt_coefficients(4), c[:4] / np.linalg.norm(c[:4]))
 
 
-@pytest.mark.parametrize(("bands", "n"), [(2, 30), (4, 62), (16, 500), (32, 2000)])
-def test_optimised_beats_or_equals_the_closed_form(bands, n):
+@pytest.mark.parametrize(("bands", "n", "gain"), [
+    (2, 30, 1.0), (4, 62, 1.05), (2, 1200, 1.08), (4, 1200, 1.15), (32, 2000, 1.2)])
+def test_optimised_beats_or_equals_the_closed_form(bands, n, gain):
+    """Optimised <= closed form, by at least ``gain`` where measured (fixed problems)."""
     optimised = prefix_sum_loss(optimal_coefficients(bands, n), n)
     closed = prefix_sum_loss(sqrt_coefficients(bands), n)
-    assert optimised <= closed * (1 + 1e-12)
+    assert optimised * gain <= closed * (1 + 1e-12)
+    # no better bands-b Toeplitz strategy among nearby unit vectors (a local optimum)
+    c = optimal_coefficients(bands, n)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        near = c + 1e-3 * rng.standard_normal(bands)
+        assert prefix_sum_loss(near / np.linalg.norm(near), n) >= optimised * (1 - 1e-9)
     dpsgd = prefix_sum_loss(np.ones(1), n)
     assert closed < dpsgd  # correlated noise helps the prefix sums at all
 
