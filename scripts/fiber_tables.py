@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     table = collect(args.root)
-    main_rows = ["dpadamw", "disk", "dpadam_bc", "fiber (innovation, filter_aware)"]
+    main_rows = ["dpadamw", "disk", "dpadam_bc", "fiber (innovation, filter_aware)", "bandmf"]
     ablation = ["fiber (innovation, filter_aware)", "fiber (ema, filter_aware)",
                 "fiber (innovation, standard)", "fiber (innovation, none)"]
     lines = ["Test accuracy (%), mean +- std over seeds.", ""]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# FIBER / DiSK / DP-AdamBC / DP-AdamW: accuracy x epsilon table, FIBER ablation table and the
+# FIBER / DiSK / DP-AdamBC / DP-AdamW / BandMF (correlated-noise baseline): accuracy x epsilon
+# table, FIBER ablation table and the
 # wall-clock ratio per step, at CPU scale (experiment=fiber_mnist_cpu).
 #   scripts/reproduce_fiber.sh [OUT=outputs/fiber] [SEEDS=0,1,2] [EPS=eps1,eps2,eps4,eps8]
 #                              [ABL_EPS=eps1] [PARALLEL=1] [extra hydra overrides...]
@@ -21,7 +22,7 @@ fi
 COMMON=(experiment=$PRESET logger=none trainer.progress=false "$@")
 
 jobs_list=()
-for m in dpadamw disk dpadam_bc fiber; do
+for m in dpadamw disk dpadam_bc fiber bandmf; do
   jobs_list+=("$OUT/grid/$m|method=$m privacy=$EPS seed=$SEEDS")
 done
 jobs_list+=("$OUT/ablation/filter|method=fiber method.settings.filter=ema privacy=$ABL_EPS seed=$SEEDS")
