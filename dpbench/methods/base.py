@@ -6,6 +6,8 @@ accountant) belong to the loop and are not hooks:
 
 ====  ==============================  =========================================================
  0    ``configure_model(model)``       model-side methods (e.g. bounded AdaLN modulation)
+ 1    ``participation_bands()``        sampling the loop runs: Poisson (None) or cyclic Poisson
+                                       over b fixed partitions (BandMF; accounted as amplified)
  2    ``evaluation_points(ctx)``       where gradients are taken: [theta] by default; IVON a
                                        posterior sample; DiSK/FIBER theta and theta + gamma d
  4    (loop) u_i = sum_k w_k g_i(pt_k) combined per example *before* clipping
@@ -13,6 +15,8 @@ accountant) belong to the loop and are not hooks:
                                        ||factor_i * u_i|| (the loop checks it every step)
  6    ``gradient_noise_multiplier``    sigma used for the gradient query (adaptive clipping
       ``extra_queries(norms, ctx)``    splits sigma); extra privatised queries (noisy count)
+      ``noise_shaper(info)``           the loop's i.i.d. gradient noise -> released noise
+                                       (BandMF's C^{-1} recursion; state checkpointed by the loop)
  7    ``postprocess(grads, ctx)``      filters, spectral denoising (free: post-processing)
  8    ``update(grads, ctx)``           the optimiser step (SGD/Adam/AdamW/AdamBC/FIBER/IVON)
  9    ``after_step(released, ctx)``    e.g. the adaptive threshold update from a noisy count
