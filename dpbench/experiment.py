@@ -60,7 +60,7 @@ def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
 
     ``trainer_cls`` lets the audit run the same loop with canaries (a Trainer subclass).
     """
-    seed_everything(int(cfg.seed))  # model initialisation depends on the seed alone
+    seed_everything(int(cfg.seed), "model_init")  # init depends on the seed alone
     privacy = _typed(PrivacyConfig, cfg.privacy, "privacy")
     trainer_cfg = _typed(TrainerConfig, cfg.trainer, "trainer")
     method = build_method(cfg)

@@ -31,6 +31,7 @@ from dpbench.privacy.ledger import Query
 from dpbench.training import step as step_module
 from dpbench.training.loop import Trainer
 from dpbench.training.step import Release
+from dpbench.utils.seeding import stream_generator
 
 log = logging.getLogger(__name__)
 BREAKS = ("none", "noise", "clipping")
@@ -132,9 +133,10 @@ class AuditTrainer(Trainer):
         weight = self.model.canary.weight
         index = next(i for i, p in enumerate(self.params) if p is weight)
         self.settings.max_physical_batch_size = None  # canaries join the one physical batch
-        gen = torch.Generator().manual_seed(audit.seed)
+        gen = stream_generator(audit.seed, "audit_secrets")  # streams of their own
         self.included = torch.rand(audit.canaries, generator=gen) < 0.5  # the secrets S_i
-        self.canary_sampler = torch.Generator().manual_seed(audit.seed + 1)
+        self.canary_sampler = self.generators["audit_canaries"] = stream_generator(
+            audit.seed, "audit_canaries")  # checkpointed with the loop's streams
         self.canary_index = index
         self.scores = torch.zeros(audit.canaries, dtype=torch.float64)
         self.engine = CanaryGradients(self.engine, index, audit.canary_norm * self.clip_norm)

@@ -65,7 +65,8 @@ class StepContext:
     sample_rate: float
     dataset_size: int
     total_steps: int
-    generator: torch.Generator | None = None  # the loop's noise RNG, for method-side sampling
+    generator: torch.Generator | None = None  # the loop's noise RNG (the release only)
+    method_generator: torch.Generator | None = None  # the method's own stream (posterior draws)
     noise_std: float = 0.0  # per-coordinate std of the released mean gradient, set by the loop
 
 

@@ -31,6 +31,7 @@ from dpbench.errors import ConfigError
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod, EvalPoint, RunInfo, StepContext
 from dpbench.training.per_example import parameters_at
+from dpbench.utils.seeding import stream_generator
 
 HESS_ESTIMATES = ("reparam", "gradsq")
 
@@ -197,7 +198,7 @@ class IVON(DPMethod):
         privacy (METHODS.md section 3). The offsets are kept for the reparameterised estimate.
         """
         s = self.settings["mc_samples"]
-        self._offsets = [self.ivon.sample_offsets(ctx.generator) for _ in range(s)]
+        self._offsets = [self.ivon.sample_offsets(ctx.method_generator) for _ in range(s)]
         return [EvalPoint(weight=1.0 / s, offsets=o) for o in self._offsets]
 
     # ---- stage 8: the IVON update --------------------------------------------------------
@@ -288,7 +289,7 @@ class IVON(DPMethod):
         def predict(x: torch.Tensor) -> torch.Tensor:
             log_probs = []
             for i in range(samples):  # regenerate sample i per batch: no S x params memory
-                gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + i)
+                gen = stream_generator(seed, "method_eval", device, i)
                 with parameters_at(self.params, self.ivon.sample_offsets(gen)):
                     log_probs.append(task.predict_log_proba(model, x))
             return torch.logsumexp(torch.stack(log_probs), dim=0) - math.log(samples)

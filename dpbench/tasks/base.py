@@ -15,6 +15,8 @@ class Task:
     name = ""
     #: opt in to ``observe_per_example_gradients`` (off by default: a pass over every g_i)
     observes_gradients: bool = False
+    #: the loop's stream for per-example draws in the loss (None: torch's global RNG)
+    generator: torch.Generator | None = None
 
     def __init__(self, data: Any = None, **settings: Any) -> None:
         self.data = data

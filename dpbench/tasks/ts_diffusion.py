@@ -6,9 +6,9 @@ x_t = sqrt(abar_t) x_0 + sqrt(1 - abar_t) eps on the target entries and take
 ``loss_i = sum_target (eps - eps_theta(x_t, t | c))^2 / #targets``. The condition holds only
 observed non-target values, their mask and calendar covariates.
 
-The draws use the global torch RNG (seeded and checkpointed by the loop). A step that
-evaluates the gradient at several points (DiSK/FIBER) sees the same draws at every point: they
-are cached for the batch object the loop passes to each point.
+The draws use the loop's ``task`` stream (its own spawned seed, checkpointed by the loop).
+A step that evaluates the gradient at several points (DiSK/FIBER) sees the same draws at every
+point: they are cached for the batch object the loop passes to each point.
 
 Evaluation: S ancestral samples per window (Ho et al. 2020, Alg. 2) from a fixed generator,
 with the predicted x_0 clamped to +-``clip_denoised`` scaled units (the reference DDPM code's
@@ -41,6 +41,7 @@ from dpbench.tasks.ts_metrics import (
     point_metrics,
 )
 from dpbench.training.batches import move_to
+from dpbench.utils.seeding import stream_generator
 from dpbench.utils.stats import quantile_summary
 
 NORM_SAMPLE_SIZE = 2000  # per-example norms kept per evaluation for histograms
@@ -99,10 +100,9 @@ class TimeSeriesDiffusion(Task):
         if self._cache is not None and self._cache[0] is batch:
             return self._cache[1]
         values, observed, target = batch[0], batch[1], batch[2]
-        # One seed per example from the global RNG (checkpointed by the loop), then each
-        # example's mask, step and noise from its own stream: an example's draws never depend
-        # on which other examples the Poisson sample holds.
-        seeds = torch.randint(0, 2**62, (values.shape[0],)).tolist()
+        # One seed per example from the loop's task stream (checkpointed by the loop), then
+        # each example's mask, step and noise from its own generator.
+        seeds = torch.randint(0, 2**62, (values.shape[0],), generator=self.generator).tolist()
         masks, steps, noises = [], [], []
         for i, seed in enumerate(seeds):
             gen = torch.Generator().manual_seed(seed)
@@ -166,7 +166,7 @@ class TimeSeriesDiffusion(Task):
         """Return RMSE/MAE/MAPE/CRPS/JS/ACF distance on the original scale (+ diagnostics)."""
         was_training = model.training
         model.eval()
-        gen = torch.Generator(device=device).manual_seed(self.eval_seed)
+        gen = stream_generator(self.eval_seed, "task_eval", device)
         ys, masks, samples = [], [], []
         for batch in loader:
             batch = move_to(batch, device)

@@ -44,3 +44,14 @@ def physical_chunks(batch: Any, max_size: int | None):
     step = n if not max_size else max_size
     for start in range(0, n, max(step, 1)):
         yield slice_batch(batch, start, min(start + step, n))
+
+
+def select_rows(batch: Any, index: torch.Tensor) -> Any:
+    """Return the examples of ``batch`` at ``index`` (a 1-D index tensor), in that order."""
+    if isinstance(batch, torch.Tensor):
+        return batch[index.to(batch.device)]
+    if isinstance(batch, dict):
+        return {k: select_rows(v, index) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(select_rows(v, index) for v in batch)
+    return batch

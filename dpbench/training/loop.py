@@ -8,6 +8,7 @@ The loop knows neither the task nor the logging sinks; both come in from outside
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from opacus.data_loader import DPDataLoader
 from opacus.validators import ModuleValidator
@@ -45,12 +45,12 @@ from dpbench.training.checkpoint import (
 )
 from dpbench.training.per_example import PerExampleGradients
 from dpbench.training.sampling import (
-    PARTITION_STREAM,
     CyclicPoissonSampler,
     cyclic_poisson_loader,
     fixed_partitions,
 )
 from dpbench.training.step import Release, nonprivate_gradient, private_release
+from dpbench.utils.seeding import seed_everything, stream_generator, stream_seed
 from dpbench.utils.stats import quantile_summary
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,11 @@ class PrivacyPlan:
     accountant: str | None
     target_epsilon: float | None
     bands: int = 1  # cyclic Poisson over b partitions: accounted as DP-SGD at b q, T / b steps
+
+
+def _finite(*groups: Any) -> bool:
+    """Return whether every tensor in ``groups`` (iterables of tensors) is finite."""
+    return all(bool(torch.isfinite(t).all()) for group in groups for t in group)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -151,7 +156,7 @@ class Trainer:
             raise ConfigError(f"method {method.name!r} combines per-example gradients and "
                               "needs them materialised: use trainer.grad_sample_mode=hooks "
                               "or functorch, not ghost")
-        torch.manual_seed(seed)
+        seed_everything(seed, "model_configure")
         model = method.configure_model(model)
         if self.plan.private:
             errors = ModuleValidator.validate(model, strict=False)
@@ -174,13 +179,22 @@ class Trainer:
         self.clip_norm = privacy.clip_norm
         self.accountant = PrivacyAccountant(self.plan.accountant) if self.plan.private else None
         self.ledger = PrivacyLedger()
-        self.sampler_generator = torch.Generator().manual_seed(seed)
-        self.noise_generator = torch.Generator(device=self.device).manual_seed(seed + 1)
+        # one spawned seed per stream (dpbench/utils/seeding.py); all are checkpointed
+        self.generators: dict[str, torch.Generator] = {
+            "sampler": stream_generator(seed, "sampler"),
+            "noise": stream_generator(seed, "noise", self.device),
+            "method": stream_generator(seed, "method", self.device),
+            "task": stream_generator(seed, "task"),
+        }
+        self.sampler_generator = self.generators["sampler"]
+        self.noise_generator = self.generators["noise"]
+        task.generator = self.generators["task"]
+        seed_everything(seed, "global")  # what still draws from torch's global RNG (dropout)
         self.cyclic_sampler: CyclicPoissonSampler | None = None
         if method.participation_bands() is not None:  # b fixed partitions, one per step
             self.cyclic_sampler = CyclicPoissonSampler(
                 fixed_partitions(len(data.train), self.plan.bands,
-                                 np.random.SeedSequence(seed, spawn_key=(PARTITION_STREAM,))),
+                                 stream_seed(seed, "partitions")),
                 self.plan.bands * self.plan.sample_rate, self.plan.steps_per_epoch,
                 self.sampler_generator)
             self.train_loader = cyclic_poisson_loader(data.train, self.cyclic_sampler)
@@ -208,7 +222,8 @@ class Trainer:
             noise_multiplier=self.plan.noise_multiplier, clip_norm=self.clip_norm,
             expected_batch_size=self.plan.expected_batch_size,
             sample_rate=self.plan.sample_rate, dataset_size=len(self.data.train),
-            total_steps=self.plan.total_steps, generator=self.noise_generator)
+            total_steps=self.plan.total_steps, generator=self.noise_generator,
+            method_generator=self.generators["method"])
 
     def _account(self, release: Release) -> None:
         sigma = combined_noise_multiplier(release.queries)
@@ -237,21 +252,9 @@ class Trainer:
         else:
             release = nonprivate_gradient(self.method, self.model, self.params, self.task,
                                           batch, ctx, physical)
-        finite = all(bool(torch.isfinite(g).all()) for g in release.grads)
-        if release.losses is not None and release.losses.numel():
-            finite = finite and bool(torch.isfinite(release.losses).all())
-        if not finite:
-            if self.settings.nonfinite == "stop":
-                raise TrainingDiverged(
-                    f"non-finite loss or gradient at step {self.step} (epoch {self.epoch}); "
-                    "the last good checkpoint is kept. Lower the learning rate, or set "
-                    "trainer.nonfinite=skip to skip such updates (they stay accounted)")
-            self.skipped_steps += 1
-        else:
-            grads = self.method.postprocess(release.grads, ctx)
-            self.method.update(grads, ctx)
-            self.method.after_step(release.noisy_extras, ctx)
+        self._apply(release, ctx)
         self.step += 1
+        # diagnostics of the examples kept (non-finite ones are dropped, see step.py)
         metrics = {"step": self.step, "batch_size": release.realised_batch,
                    "loss": float(release.losses.mean()) if release.losses.numel() else math.nan}
         if release.norms is not None and release.norms.numel():
@@ -260,6 +263,43 @@ class Trainer:
         metrics.update(self.method.step_metrics())
         metrics.update(self.task.step_metrics())
         return metrics
+
+    def _apply(self, release: Release, ctx: StepContext) -> None:
+        """Post-process and apply the release; skip or stop when it or the update is not finite.
+
+        Only released quantities decide: the noisy gradient and queries, their
+        post-processing and the updated parameters (a non-finite *example* never gets here: it
+        was dropped before the noise). A skipped update restores the model and method state.
+        """
+        skip = self.settings.nonfinite == "skip"
+        saved = self._snapshot() if skip else None
+        ok = _finite(release.grads, release.noisy_extras.values())
+        if ok:
+            grads = self.method.postprocess(release.grads, ctx)
+            ok = _finite(grads)
+        if ok:
+            self.method.update(grads, ctx)
+            self.method.after_step(release.noisy_extras, ctx)
+            ok = _finite(self.params)
+        if ok:
+            return
+        if not skip:
+            raise TrainingDiverged(
+                f"non-finite released gradient or update at step {self.step} (epoch "
+                f"{self.epoch}); the last good checkpoint is kept. Lower the learning rate, "
+                "or set trainer.nonfinite=skip to skip such updates (they stay accounted)")
+        self._restore(saved)
+        self.skipped_steps += 1
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {"params": [p.detach().clone() for p in self.params],
+                "method": copy.deepcopy(self.method.state_dict())}
+
+    def _restore(self, saved: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for p, v in zip(self.params, saved["params"]):
+                p.copy_(v)
+        self.method.load_state_dict(saved["method"])
 
     # ---- epochs, evaluation, checkpoints -------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
@@ -273,8 +313,8 @@ class Trainer:
             "accountant": self.accountant.state_dict() if self.accountant else None,
             "ledger": self.ledger.state_dict(), "history": self.history,
             "step_history": self.step_history,
-            "sampler_generator": self.sampler_generator.get_state(),
-            "noise_generator": self.noise_generator.get_state(), "rng": rng_state(),
+            "generators": {name: g.get_state() for name, g in self.generators.items()},
+            "rng": rng_state(),
             "wall_time_s": self.wall_time_s, "skipped_steps": self.skipped_steps,
             "noise_multiplier": self.plan.noise_multiplier,
             "sampler": self.cyclic_sampler.state_dict() if self.cyclic_sampler else None,
@@ -294,9 +334,9 @@ class Trainer:
         self.ledger.load_state_dict(state["ledger"])
         self.history = list(state["history"])
         self.step_history = list(state.get("step_history", []))
-        self.sampler_generator.set_state(state["sampler_generator"])
-        self.noise_generator.set_state(state["noise_generator"].to(
-            self.noise_generator.get_state().device))
+        for name, saved in state["generators"].items():
+            generator = self.generators[name]
+            generator.set_state(saved.to(generator.get_state().device))
         set_rng_state(state["rng"])
         if self.cyclic_sampler is not None:
             self.cyclic_sampler.load_state_dict(state["sampler"])

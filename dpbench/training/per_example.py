@@ -20,6 +20,7 @@ from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from torch import nn
 
 from dpbench.errors import ConfigError
+from dpbench.training.batches import batch_size, select_rows
 
 GRAD_SAMPLE_MODES = ("hooks", "functorch", "ghost")
 # Opacus registers full backward hooks; with inputs that need no grad (data) torch warns each
@@ -67,13 +68,48 @@ class PerExampleGradients:
 
     def ghost_clipped_sum(
         self, loss_fn: LossFn, batch, factors_fn: Callable[[torch.Tensor], torch.Tensor]
-    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Return (sum_i w_i g_i per parameter, norms, factors, losses); g_i never built."""
+    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return (sum_i w_i g_i per parameter, norms, factors, kept losses, kept); no g_i built.
+
+        An example whose loss or norm is non-finite is dropped (norm and factor 0, ``kept``
+        False): the re-weighted backward would compute 0 * NaN and poison every example's
+        sum, so both passes run again on the finite examples only.
+        """
+        n = batch_size(batch)
+        index = torch.arange(n)
+        while True:
+            part = batch if len(index) == n else select_rows(batch, index)
+            if len(index) == 0:
+                sums, part_norms, part_factors, losses = [torch.zeros_like(p) for p in
+                                                          self.params], None, None, None
+                break
+            self._clear()
+            losses = loss_fn(self.module, part)
+            losses.sum().backward(retain_graph=True)
+            part_norms = self.module.get_norm_sample().detach()
+            finite = (torch.isfinite(part_norms) & torch.isfinite(losses.detach())).cpu()
+            if bool(finite.all()):
+                sums, part_factors = self._reweighted_sum(losses, factors_fn(part_norms))
+                break
+            index = index[finite]
         self._clear()
-        losses = loss_fn(self.module, batch)
-        losses.sum().backward(retain_graph=True)
-        norms = self.module.get_norm_sample().detach()
-        factors = factors_fn(norms).detach()
+        device = self.params[0].device
+        norms = torch.zeros(n, device=device)
+        factors = torch.zeros(n, device=device)
+        kept = torch.zeros(n, dtype=torch.bool)
+        kept[index] = True
+        if len(index):
+            norms[index.to(device)] = part_norms.to(device, norms.dtype)
+            factors[index.to(device)] = part_factors.to(device, factors.dtype)
+            losses = losses.detach()
+        else:
+            losses = torch.zeros(0, device=device)
+        return sums, norms, factors, losses, kept
+
+    def _reweighted_sum(self, losses: torch.Tensor,
+                        factors: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Return (grad of sum_i w_i l_i per parameter, w) by a plain backward (hooks off)."""
+        factors = factors.detach()
         for p in self.params:
             p.grad = None
         self.module.disable_hooks()
@@ -83,8 +119,7 @@ class PerExampleGradients:
             self.module.enable_hooks()
         sums = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
                 for p in self.params]
-        self._clear()
-        return sums, norms, factors, losses.detach()
+        return sums, factors
 
 
 def flat_norms(per_example: Sequence[torch.Tensor]) -> torch.Tensor:

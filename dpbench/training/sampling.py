@@ -19,13 +19,12 @@ from opacus.data_loader import dtype_safe, shape_safe, wrap_collate_with_empty
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-#: spawn key of the partition stream under the run's seed (SeedSequence(seed).spawn index)
-PARTITION_STREAM = 0x62616E64  # "band": far from the small indices of the other streams
-
 
 def fixed_partitions(dataset_size: int, bands: int, seed: np.random.SeedSequence | int
                      ) -> list[torch.Tensor]:
     """Return b disjoint index sets covering range(N), from a random permutation of ``seed``.
+
+    The loop passes the run's ``partitions`` stream seed (``dpbench.utils.seeding``).
 
     b = 1 returns range(N) itself (no permutation), so one partition matches DP-SGD's sampler.
     """

@@ -22,7 +22,7 @@ from dpbench.methods.base import (
 )
 from dpbench.privacy.ledger import Query
 from dpbench.tasks.base import Task
-from dpbench.training.batches import batch_size, physical_chunks
+from dpbench.training.batches import batch_size, physical_chunks, select_rows
 from dpbench.training.per_example import PerExampleGradients, flat_norms, parameters_at
 
 SENSITIVITY_SLACK = 1e-4  # relative slack for float round-off in the sensitivity check
@@ -36,7 +36,8 @@ class Release:
     queries: list[Query]
     noisy_extras: dict[str, torch.Tensor] = field(default_factory=dict)
     realised_batch: int = 0
-    losses: torch.Tensor | None = None  # diagnostic only: computed on private data
+    # diagnostics of the examples kept (finite loss and gradient), computed on private data
+    losses: torch.Tensor | None = None  # diagnostic only
     norms: torch.Tensor | None = None  # diagnostic only
     clipped_fraction: float = 0.0  # diagnostic only
 
@@ -50,7 +51,11 @@ def _check_bound(name: str, contributions: torch.Tensor, bound: float) -> None:
 
 @dataclass
 class Aggregate:
-    """The pre-noise sums of one logical step (what the Gaussian noise is added to)."""
+    """The pre-noise sums of one logical step (what the Gaussian noise is added to).
+
+    ``losses``, ``norms`` and ``factors`` list the examples kept: an example whose loss or
+    gradient is not finite is dropped (it contributes 0 to every sum and query).
+    """
 
     sums: list[torch.Tensor]
     extra_sums: dict[str, torch.Tensor]
@@ -83,11 +88,8 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
             if len(points) != 1:
                 raise PrivacyError("ghost clipping supports one evaluation point per step")
             with parameters_at(params, points[0].offsets):
-                chunk_sums, norms, factors, loss = engine.ghost_clipped_sum(
-                    task.per_example_loss, chunk,
-                    lambda nr: torch.where(torch.isfinite(nr), method.clip_factors(
-                        torch.nan_to_num(nr, nan=0.0, posinf=0.0), ctx), torch.zeros_like(nr)))
-                norms = torch.nan_to_num(norms, nan=0.0, posinf=0.0)
+                chunk_sums, norms, factors, loss, kept = engine.ghost_clipped_sum(
+                    task.per_example_loss, chunk, lambda nr: method.clip_factors(nr, ctx))
             chunk_sums = [points[0].weight * s for s in chunk_sums]
             norms = norms * abs(points[0].weight)
         else:
@@ -102,28 +104,30 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
                     for c, g in zip(combined, grads):
                         c.add_(g, alpha=point.weight)
             norms = flat_norms(combined)
-            finite = torch.isfinite(norms)
-            if not bool(finite.all()):  # a NaN/Inf example contributes 0, like a dropped one:
-                # otherwise one poisoned example would turn the whole release into NaN, a
-                # data-dependent, un-noised output
+            kept = (torch.isfinite(norms) & torch.isfinite(loss)).cpu()
+            if not bool(kept.all()):  # a non-finite example is dropped (contributes 0)
                 for c in combined:
-                    c[~finite] = 0.0
-                norms = torch.where(finite, norms, torch.zeros_like(norms))
-            if task.observes_gradients:  # diagnostics only (off by default)
-                task.observe_per_example_gradients(dict(zip(engine.names, combined)), norms,
-                                                   ctx.clip_norm)
+                    c[~kept.to(c.device)] = 0.0
+                norms = torch.where(kept.to(norms.device), norms, torch.zeros_like(norms))
+                loss = loss[kept.to(loss.device)]
+            if task.observes_gradients and bool(kept.any()):  # diagnostics only (off by default)
+                task.observe_per_example_gradients(
+                    {k: g[kept.to(g.device)] for k, g in zip(engine.names, combined)},
+                    norms[kept.to(norms.device)], ctx.clip_norm)
             factors = method.clip_factors(norms, ctx)
+            factors = torch.where(kept.to(factors.device), factors, torch.zeros_like(factors))
             chunk_sums = [torch.einsum("i,i...->...", factors.to(c.dtype), c) for c in combined]
         _check_bound("gradient", factors * norms, sensitivity)
         for s, c in zip(sums, chunk_sums):
             s.add_(c)
-        for q in method.extra_queries(norms, ctx):
+        kept_norms = norms[kept.to(norms.device)]
+        for q in method.extra_queries(kept_norms, ctx):  # dropped examples make no query
             _check_bound(q.name, q.values.abs(), q.sensitivity)
             extra_sums[q.name] = extra_sums.get(q.name, 0.0) + q.values.sum()
             extra_specs[q.name] = q
-        losses.append(loss)
-        norms_all.append(norms.detach())
-        factors_all.append(factors.detach())
+        losses.append(loss.detach())
+        norms_all.append(kept_norms.detach())
+        factors_all.append(factors[kept.to(factors.device)].detach())
     if not extra_specs:  # an empty batch still releases every query the method makes
         extra_specs = {q.name: q for q in method.extra_queries(
             torch.zeros(0, device=sums[0].device), ctx)}
@@ -165,7 +169,7 @@ def private_release(method: DPMethod, engine: PerExampleGradients, task: Task, b
         # clipped = scaled down to the sensitivity bound (right for flat and normalised
         # clipping alike; AUTO-S never reaches the bound)
         clipped_fraction=float((agg.factors * agg.norms >= queries[0].sensitivity
-                                * (1 - 1e-4)).float().mean()) if n else 0.0,
+                                * (1 - 1e-4)).float().mean()) if agg.norms.numel() else 0.0,
     )
 
 
@@ -181,7 +185,7 @@ def nonprivate_gradient(method: DPMethod, model: torch.nn.Module, params, task: 
             with parameters_at(params, point.offsets):
                 for p in params:
                     p.grad = None
-                loss = task.per_example_loss(model, chunk)
+                loss = _finite_loss(task, model, chunk)  # the same drop policy as DP runs
                 (point.weight * loss.sum()).backward()
                 for s, p in zip(sums, params):
                     if p.grad is not None:
@@ -192,3 +196,17 @@ def nonprivate_gradient(method: DPMethod, model: torch.nn.Module, params, task: 
     grads = [s / max(n, 1) for s in sums]
     return Release(grads=grads, queries=[], realised_batch=n,
                    losses=torch.cat(losses) if losses else torch.zeros(0))
+
+
+def _finite_loss(task: Task, model: torch.nn.Module, batch) -> torch.Tensor:
+    """Return the per-example losses of the examples whose loss is finite (graph attached).
+
+    The others are dropped by recomputing without them: masking alone would still
+    back-propagate 0 * NaN into every parameter.
+    """
+    while True:
+        loss = task.per_example_loss(model, batch)
+        finite = torch.isfinite(loss.detach()).cpu()
+        if bool(finite.all()):
+            return loss
+        batch = select_rows(batch, finite.nonzero().flatten())

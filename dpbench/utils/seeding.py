@@ -1,4 +1,13 @@
-"""Deterministic seeding of every global RNG a run touches."""
+"""One seed per random stream, spawned from the run's seed (``numpy.random.SeedSequence``).
+
+Every stream a run draws from (the Poisson sampler, the Gaussian noise, per-example draws,
+posterior samples, audit canaries, model initialisation...) gets its own seed: stream ``name``
+of run seed ``s`` is seeded by ``SeedSequence(s, spawn_key=(STREAMS.index(name), *index))``,
+i.e. the ``name``-th child of ``SeedSequence(s).spawn``. Two names (or two indices) never
+share a spawn key, so no two streams share a seed, and each stream is independent of the
+others. ``STREAMS`` is append-only: reordering it would change every run's randomness.
+See docs/privacy-unit-and-streams.md.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +16,45 @@ import random
 import numpy as np
 import torch
 
+from dpbench.errors import ConfigError
 
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (CPU and CUDA) global generators."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+#: every named random stream of a run (append-only: a name's position is its spawn key)
+STREAMS: tuple[str, ...] = (
+    "model_init",  # torch/numpy/python global RNGs while the model is built
+    "model_configure",  # global RNGs while a method reconfigures the model (stage 0)
+    "global",  # global RNGs during training (e.g. dropout): set after the model is built
+    "sampler",  # Poisson sampling of the training batches
+    "noise",  # the Gaussian noise of every release
+    "method",  # method-side draws, e.g. IVON / DP-IVON posterior samples
+    "task",  # per-example draws of the loss, e.g. diffusion steps, noise and target masks
+    "task_eval",  # test-time sampling of a task (seeded by the task's eval_seed)
+    "method_eval",  # test-time draws of a method, e.g. IVON's model-averaging samples
+    "audit_secrets",  # which audit canaries are included (seeded by audit.seed)
+    "audit_canaries",  # the Poisson sampling of the included canaries (audit.seed)
+    "hpo_trial",  # the run seed of each hyper-parameter trial (indexed by trial)
+    "partitions",  # the fixed partitions of cyclic Poisson sampling (BandMF)
+)
+
+
+def stream_seed(seed: int, name: str, *index: int) -> int:
+    """Return the 63-bit seed of stream ``name`` (and sub-stream ``index``) of run ``seed``."""
+    if name not in STREAMS:
+        raise ValueError(f"unknown random stream {name!r}; known: {', '.join(STREAMS)}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"seed must be an integer >= 0 (got {seed!r})")
+    sequence = np.random.SeedSequence(int(seed), spawn_key=(STREAMS.index(name), *index))
+    return int(sequence.generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def stream_generator(seed: int, name: str, device: str | torch.device = "cpu",
+                     *index: int) -> torch.Generator:
+    """Return a torch generator on ``device`` seeded for stream ``name`` of run ``seed``."""
+    return torch.Generator(device=device).manual_seed(stream_seed(seed, name, *index))
+
+
+def seed_everything(seed: int, name: str = "model_init") -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA) global generators for stream ``name``."""
+    stream = stream_seed(seed, name)
+    random.seed(stream)
+    np.random.seed(stream % 2**32)
+    torch.manual_seed(stream)

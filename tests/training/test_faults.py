@@ -71,21 +71,28 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
 
 
 def _poison(trainer, bad_steps: set[int]):
-    """Make the per-example loss NaN at the given steps (a fault, not a config)."""
-    loss_fn = trainer.task.per_example_loss
+    """Make the update turn the weights NaN at the given steps (a fault, not a config).
 
-    def poisoned(model, batch):
-        losses = loss_fn(model, batch)
-        return losses * math.nan if trainer.step in bad_steps else losses
+    A NaN *example* is dropped before the noise and never stops a run
+    (tests/training/test_nonfinite.py); only released quantities and their post-processing,
+    such as the updated weights, decide.
+    """
+    update = trainer.method.update
 
-    trainer.task.per_example_loss = poisoned
+    def poisoned(grads, ctx):
+        update(grads, ctx)
+        if ctx.step in bad_steps:
+            with torch.no_grad():
+                trainer.params[0].fill_(math.nan)
+
+    trainer.method.update = poisoned
 
 
 def test_nan_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path):
     trainer = build_trainer(compose_config(*RUN), tmp_path)
     per_epoch = trainer.plan.steps_per_epoch
     _poison(trainer, {per_epoch + 3})  # in epoch 2
-    with pytest.raises(TrainingDiverged, match="non-finite loss or gradient at step"):
+    with pytest.raises(TrainingDiverged, match="non-finite released gradient or update at step"):
         trainer.fit()
     state = load_checkpoint(tmp_path / CHECKPOINT_NAME)
     assert state["epoch"] == 1 and state["step"] == per_epoch
@@ -111,7 +118,7 @@ def test_nan_through_the_cli_exits_1_with_a_failed_record(tmp_path, monkeypatch,
     code = run_cli(_hydra_entry, [*RUN, "trainer.epochs=1", "method.optimizer.lr=nan",
                                   f"hydra.run.dir={run_dir}"], monkeypatch)
     assert code == 1
-    assert "non-finite loss or gradient" in capfd.readouterr().err
+    assert "non-finite released gradient or update" in capfd.readouterr().err
     record = json.loads((run_dir / "results.json").read_text())
     assert record["status"] == "failed" and record["error"].startswith("TrainingDiverged")
 

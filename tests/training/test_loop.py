@@ -8,6 +8,7 @@ from opacus.data_loader import DPDataLoader
 
 from dpbench.experiment import build_trainer
 from dpbench.training.loop import Callback
+from dpbench.utils.seeding import stream_generator
 from tests.conftest import compose_config, run_config
 
 
@@ -19,7 +20,7 @@ def test_nonprivate_equals_plain_sgd_on_the_same_batches():
     ref = __import__("copy").deepcopy(trainer.model)
     opt = torch.optim.SGD(ref.parameters(), lr=cfg.method.optimizer.lr)
     loader = DPDataLoader(trainer.data.train, sample_rate=trainer.plan.sample_rate,
-                          generator=torch.Generator().manual_seed(int(cfg.seed)))
+                          generator=stream_generator(int(cfg.seed), "sampler"))
     trainer.fit()
     for _ in range(2):
         for x, y in loader:
@@ -45,7 +46,7 @@ class _Crash(Callback):
                 raise KeyboardInterrupt("simulated kill")
 
 
-@pytest.mark.parametrize("method", ["dpsgd", "dpadam"])
+@pytest.mark.parametrize("method", ["dpsgd", "dpadam", "dp_ivon"])  # dp_ivon: method stream
 def test_resume_after_kill_equals_uninterrupted(tmp_path, method):
     overrides = [f"method={method}", "trainer.epochs=3"]
     full = run_config(compose_config(*overrides), tmp_path / "full")

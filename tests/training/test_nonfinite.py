@@ -1,0 +1,137 @@
+"""Non-finite examples are dropped everywhere; only released quantities decide skip or stop."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dpbench.experiment import build_trainer
+from dpbench.methods import get_method
+from dpbench.methods.base import StepContext
+from dpbench.models import get_model_builder
+from dpbench.tasks import get_task
+from dpbench.training.per_example import PerExampleGradients
+from dpbench.training.step import private_release
+from tests.conftest import compose_config
+
+RUN = ("model.hidden=16", "trainer.batch_size=64", "trainer.epochs=2")
+BAD_ROWS = (3, 11)  # rows of the step-level batch whose features are NaN
+
+
+def _batch(n: int = 24, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 1, 8, 8, generator=gen) * 5
+    y = torch.randint(0, 10, (n,), generator=gen)
+    bad = x.clone()
+    bad[list(BAD_ROWS), 0, 2, 3] = math.nan
+    keep = [i for i in range(n) if i not in BAD_ROWS]
+    return (bad, y), (x[keep], y[keep])
+
+
+def _release(method_name: str, mode: str, batch, seed: int = 5):
+    torch.manual_seed(0)
+    net = get_model_builder("mlp")((1, 8, 8), 10)
+    engine = PerExampleGradients(net, mode)
+    method = get_method(method_name)(optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=0.5,
+                      expected_batch_size=24.0, sample_rate=0.1, dataset_size=240,
+                      total_steps=10, generator=torch.Generator().manual_seed(seed))
+    if method_name == "adaclip":
+        from dpbench.methods.base import RunInfo
+
+        method.setup(list(net.parameters()), RunInfo(
+            dataset_size=240, expected_batch_size=24.0, sample_rate=0.1, total_steps=10,
+            noise_multiplier=1.0, clip_norm=0.5, private=True, task="classification",
+            device=torch.device("cpu")))
+        ctx.noise_std = 0.5 * method.gradient_noise_multiplier(1.0) / 24.0
+    return private_release(method, engine, get_task("classification")(), batch, ctx, 1.0, None)
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+@pytest.mark.parametrize("method", ["dpsgd", "adaclip"])
+def test_a_nan_example_releases_exactly_what_its_absence_releases(method, mode):
+    """Same noise, the NaN rows present or removed: the same release, queries and losses."""
+    poisoned, clean = _batch()
+    got = _release(method, mode, poisoned)
+    ref = _release(method, "hooks", clean)
+    for a, b in zip(got.grads, ref.grads):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert got.noisy_extras.keys() == ref.noisy_extras.keys()
+    for name in ref.noisy_extras:  # a dropped example makes no extra query either
+        torch.testing.assert_close(got.noisy_extras[name], ref.noisy_extras[name])
+    assert torch.isfinite(got.losses).all() and len(got.losses) == len(ref.losses)
+    torch.testing.assert_close(got.losses, ref.losses, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.norms, ref.norms, rtol=1e-4, atol=1e-6)
+
+
+def test_ghost_release_with_a_nan_example_equals_hooks_release():
+    poisoned, _ = _batch()
+    ghost = _release("dpsgd", "ghost", poisoned, seed=9)
+    hooks = _release("dpsgd", "hooks", poisoned, seed=9)
+    for a, b in zip(ghost.grads, hooks.grads):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _poison_records(trainer, rows):
+    x = trainer.data.train.tensors[0]
+    x[list(rows), 0, 4, 4] = math.nan
+
+
+@pytest.mark.parametrize("nonfinite", ["stop", "skip"])
+def test_nan_records_never_skip_or_stop_and_the_loss_is_the_finite_mean(nonfinite):
+    trainer = build_trainer(compose_config(*RUN, f"trainer.nonfinite={nonfinite}"), None)
+    n = len(trainer.data.train)
+    bad = list(range(0, n, 10))  # 10% NaN records: about 6 in each batch of 64
+    _poison_records(trainer, bad)
+    losses: list[tuple[float, float, bool]] = []
+    train_step = trainer.train_step
+
+    def checked_step(batch):
+        with torch.no_grad():
+            per_example = trainer.task.per_example_loss(trainer.model, batch)
+        finite = per_example[torch.isfinite(per_example)]
+        metrics = train_step(batch)
+        losses.append((metrics["loss"], float(finite.mean()), len(finite) < len(per_example)))
+        return metrics
+
+    trainer.train_step = checked_step
+    result = trainer.fit()
+    assert result["skipped_steps"] == 0
+    assert result["steps"] == result["planned_steps"]
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert math.isfinite(result["metrics"]["accuracy"])
+    assert len(losses) == result["steps"]
+    assert sum(had_nan for *_, had_nan in losses) > 0.9 * len(losses)
+    for logged, expected, _ in losses:
+        assert logged == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_non_finite_update_is_skipped_from_released_quantities_and_restored():
+    """The optimiser (post-processing) turns the weights NaN: skip restores the model."""
+    trainer = build_trainer(compose_config(*RUN, "trainer.nonfinite=skip"), None)
+    update = trainer.method.update
+
+    def poisoned(grads, ctx):
+        update(grads, ctx)
+        if ctx.step in (2, 5):
+            with torch.no_grad():
+                trainer.params[0].fill_(math.nan)
+
+    trainer.method.update = poisoned
+    before: dict[int, list[torch.Tensor]] = {}
+    train_step = trainer.train_step
+
+    def recording(batch):
+        before[trainer.step] = [p.detach().clone() for p in trainer.params]
+        return train_step(batch)
+
+    trainer.train_step = recording
+    result = trainer.fit()
+    assert result["skipped_steps"] == 2
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    for a, b in zip(before[3], before[2]):  # step 2 left the weights as they were
+        assert torch.equal(a, b)
