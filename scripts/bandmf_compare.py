@@ -9,6 +9,7 @@ The lr search itself is not accounted (as in the papers compared; the same for e
 The per-step overhead of BandMF over DP-SGD is measured in one process on the same batches.
 
     python scripts/bandmf_compare.py --out outputs/bandmf [--eps 1 2 4 8 --seeds 0 1 2]
+    python scripts/bandmf_compare.py --out outputs/bandmf --summarise   # the markdown table
 """
 
 from __future__ import annotations
@@ -66,6 +67,43 @@ def overhead(preset: list[str], bands: int, steps: int = 5, reps: int = 5) -> di
             med["bandmf"] / med["dpsgd"], "raw": wall}
 
 
+def summarise(out: Path) -> str:
+    """Return the markdown table: per (method, epsilon) the lr picked on validation, test acc."""
+    rows = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    by: dict[tuple, dict[float, list[dict]]] = {}
+    for r in rows:
+        by.setdefault((r["method"], r["eps"]), {}).setdefault(r["lr"], []).append(r)
+    eps_all = sorted({r["eps"] for r in rows})
+    lines = ["| method | " + " | ".join(f"eps {e:g}" for e in eps_all) + " |",
+             "|---|" + "---|" * len(eps_all)]
+    for method in [m for m in METHODS if any(k[0] == m for k in by)]:
+        cells = []
+        for eps in eps_all:
+            grid = by.get((method, eps))
+            if not grid:
+                cells.append("-")
+                continue
+
+            def val(runs: list[dict]) -> float:
+                ok = [r["validation"]["accuracy"] for r in runs if "validation" in r]
+                return statistics.fmean(ok) if len(ok) == len(runs) else -1.0
+
+            lr = max(grid, key=lambda k: val(grid[k]))
+            test = [100 * r["test"]["accuracy"] for r in grid[lr] if "test" in r]
+            std = statistics.stdev(test) if len(test) > 1 else 0.0
+            b = grid[lr][0].get("bands", 1)
+            cells.append(f"{statistics.fmean(test):.1f} +- {std:.1f} (lr {lr:g}"
+                         + (f", b {b}" if method == "bandmf" else "") + f", n={len(test)})")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    overhead_file = out / "overhead.json"
+    if overhead_file.is_file():
+        o = json.loads(overhead_file.read_text())
+        lines += ["", f"Per-step time, one process, same batches, interleaved (b = {o['bands']}):"
+                  f" bandmf / dpsgd = {o['ratio_bandmf_over_dpsgd']:.2f}x "
+                  f"({o['s_per_step']['bandmf']:.3f} s vs {o['s_per_step']['dpsgd']:.3f} s)."]
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="fiber_mnist_cpu")
@@ -78,7 +116,11 @@ def main() -> None:
     p.add_argument("--bands", type=int, nargs="+", default=None,
                    help="b per --eps value (default: chosen by expected_error_table)")
     p.add_argument("--out", type=Path, default=Path("outputs/bandmf"))
+    p.add_argument("--summarise", action="store_true", help="only print the table")
     args = p.parse_args()
+    if args.summarise:
+        print(summarise(args.out))
+        return
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     preset = [f"experiment={args.preset}"]
