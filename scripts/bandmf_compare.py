@@ -116,6 +116,8 @@ def main() -> None:
     p.add_argument("--bands", type=int, nargs="+", default=None,
                    help="b per --eps value (default: chosen by expected_error_table)")
     p.add_argument("--out", type=Path, default=Path("outputs/bandmf"))
+    p.add_argument("--grid", type=float, nargs="+", default=None,
+                   help="learning rates to run instead of each chosen method's grid")
     p.add_argument("--summarise", action="store_true", help="only print the table")
     args = p.parse_args()
     if args.summarise:
@@ -143,6 +145,7 @@ def main() -> None:
     for method in args.methods:  # method-major: a cut-short run still has whole rows
         for eps in args.eps:
             extra, grid = METHODS[method]
+            grid = args.grid or grid
             if method == "bandmf":
                 extra = [*extra, f"method.settings.bands={bands[eps]}"]
             for lr in grid:
