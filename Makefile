@@ -3,11 +3,10 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
-export DPBENCH_SHARED_DATA ?= $(abspath ../shared/data)
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup demo test test-full lint format bench clean reproduce-fiber \
+.PHONY: help setup demo test test-data test-full lint format bench clean reproduce-fiber \
         reproduce-dp-adaln reproduce-bounded-adaclip reproduce-dp-ivon reproduce-spectral
 
 
@@ -25,11 +24,20 @@ setup: $(STAMP)  ## create .venv and install dpbench with the dev and llm extras
 demo: $(STAMP)  ## the default DP run, offline, no data root (scikit-learn digits), prints the result
 	env -u DPBENCH_DATA_ROOT WANDB_MODE=offline $(BIN)/dpbench
 
-test: $(STAMP)  ## the test suite CI runs (slow tests excluded)
-	$(BIN)/pytest -m "not slow" -q
+test: $(STAMP)  ## the test suite CI runs: no data root, no network (slow and data tests excluded)
+	$(BIN)/pytest -m "not slow and not data" -q
 
-test-full: $(STAMP)  ## every test, slow ones included
-	$(BIN)/pytest -m "" -q
+test-data: $(STAMP)  ## checks of the real data files under DPBENCH_DATA_ROOT (required)
+	@if [ -z "$${DPBENCH_DATA_ROOT:-}" ]; then \
+	  echo "make test-data: set DPBENCH_DATA_ROOT to the folder holding the data sets" >&2; \
+	  exit 2; fi
+	@if [ ! -d "$${DPBENCH_DATA_ROOT}" ]; then \
+	  echo "make test-data: DPBENCH_DATA_ROOT=$${DPBENCH_DATA_ROOT} is not a folder" >&2; \
+	  exit 2; fi
+	$(BIN)/pytest -m data -q
+
+test-full: $(STAMP)  ## every test but the data checks, slow ones included
+	$(BIN)/pytest -m "not data" -q
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check .
@@ -57,4 +65,4 @@ reproduce-bounded-adaclip: $(STAMP)  ## bounded adaptive clipping: 4 clipping me
 	PY=$(BIN)/python scripts/reproduce_bounded_adaclip.sh cpu outputs/bounded_adaclip_cpu
 
 reproduce-dp-ivon: $(STAMP)  ## DP-IVON-Gradsq vs DP-SGD/DP-Adam, CPU scale: tables in outputs/dp_ivon/cpu
-	DPBENCH_DATA_ROOT=$${DPBENCH_DATA_ROOT:-$(DPBENCH_SHARED_DATA)} PYTHON=$(BIN)/python scripts/reproduce_dp_ivon.sh cpu
+	PYTHON=$(BIN)/python scripts/reproduce_dp_ivon.sh cpu

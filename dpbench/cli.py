@@ -1,7 +1,9 @@
 """``dpbench``: one Hydra entry point for single runs and ``-m`` sweeps.
 
-A single run with a bad setting prints one clear line, exits 2 and leaves nothing in outputs/.
-In a sweep, a failing job writes a ``failed`` results.json and the others go on.
+A single run with a bad setting prints one clear line, exits 2 and leaves nothing in outputs/:
+it removes only the folders it created itself. A run holds a lock on its run directory, so a
+second run on the same directory is refused. In a sweep, a failing job writes a ``failed``
+results.json and the others go on.
 """
 
 from __future__ import annotations
@@ -9,36 +11,105 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback as HydraCallback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dpbench.config.schema import register_schemas
-from dpbench.errors import DPBenchError
+from dpbench.errors import DataError, DPBenchError
 from dpbench.logging.results import RESULTS_NAME, failed_record, write_record
 from dpbench.utils.io import atomic_write_bytes
+from dpbench.utils.lock import RunDirLock
+from dpbench.utils.paths import check_path_values, check_run_dir, register_path_resolver
 
 log = logging.getLogger("dpbench")
 CONF_DIR = os.environ.get("DPBENCH_CONFIG_DIR",
                           str(Path(__file__).resolve().parent.parent / "conf"))
 register_schemas()
+register_path_resolver()
+
+#: run dir -> the folders this process created for it (Hydra creates the run dir before the
+#: job starts, so RunDirGuard records them first; a refused run removes only these)
+_CREATED_DIRS: dict[str, list[Path]] = {}
+
+
+def _print_error(message: str) -> None:
+    """Print ``message`` as the one line ``dpbench: error: ...`` (inner newlines joined)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    print(f"dpbench: error: {' / '.join(lines)}", file=sys.stderr)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    _print_error(message)
+    sys.exit(code)
+
+
+def _os_error(err: OSError, fallback: Path) -> str:
+    """Return 'cannot write PATH: REASON' for a failed file operation."""
+    return f"cannot write {err.filename or fallback}: {err.strerror or err}"
+
+
+def _make_dirs(path: Path, key: str) -> list[Path]:
+    """Create ``path`` and missing parents; return those created, top first (exit 2 on error)."""
+    missing = []
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    created: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            folder.mkdir()
+            created.append(folder)
+    except OSError as err:
+        _remove_created(created)
+        _fail(f"cannot create {key}={path}: {err.strerror or err} ({err.filename or path})")
+    return created
+
+
+def _remove_created(created: list[Path]) -> None:
+    """Remove the folders this run created, deepest first, while they are empty."""
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (something else wrote there) or gone: keep the rest
+            return
 
 
 def _remove_if_fresh(run_dir: Path, existed_before: bool) -> None:
-    """Delete a run dir this invocation created and left empty (nothing half-written)."""
-    if existed_before or not run_dir.exists() or any(run_dir.iterdir()):
-        return
-    shutil.rmtree(run_dir, ignore_errors=True)
-    parent = run_dir.parent
-    while parent.name and parent.name != "outputs" and parent.exists() and not any(
-            parent.iterdir()):
-        parent.rmdir()
-        parent = parent.parent
+    """Remove the folders this process created for ``run_dir`` (for entry points that refuse)."""
+    created = _CREATED_DIRS.pop(str(Path(os.path.abspath(run_dir))), [])
+    if not existed_before:
+        _remove_created(created)
+
+
+class RunDirGuard(HydraCallback):
+    """Create the run (or sweep) folder before Hydra does, recording what did not exist.
+
+    An output folder that cannot be created or written is reported in one line (exit 2)
+    instead of Hydra's traceback.
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        run_dir = Path(os.path.abspath(str(OmegaConf.select(config, "hydra.run.dir"))))
+        _CREATED_DIRS[str(run_dir)] = _make_dirs(run_dir, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(os.path.abspath(str(OmegaConf.select(config, "hydra.sweep.dir"))))
+        created = _make_dirs(sweep_dir, "hydra.sweep.dir")
+        try:
+            with tempfile.TemporaryFile(dir=sweep_dir):
+                pass
+        except OSError as err:
+            _remove_created(created)
+            _fail(f"cannot write into hydra.sweep.dir={sweep_dir}: {err.strerror or err}")
 
 
 def _callbacks(cfg: DictConfig, run_dir: Path, multirun: bool):
@@ -62,10 +133,18 @@ def _callbacks(cfg: DictConfig, run_dir: Path, multirun: bool):
 
 def _report_error(cfg: DictConfig, run_dir: Path, err: BaseException, stage: str,
                   multirun: bool, keep_record: bool) -> None:
-    message = f"{type(err).__name__}: {err}" if not isinstance(err, DPBenchError) else str(err)
-    print(f"dpbench: error: {message}", file=sys.stderr)
+    if isinstance(err, DPBenchError):
+        message = str(err)
+    elif isinstance(err, OSError) and err.strerror:
+        message = _os_error(err, run_dir)
+    else:
+        message = f"{type(err).__name__}: {err}"
     if keep_record or multirun:
-        write_record(run_dir, failed_record(cfg, err, stage))
+        try:
+            write_record(run_dir, failed_record(cfg, err, stage))
+        except OSError as write_err:  # e.g. the disk is full: say so on the same line
+            message += f" (and results.json could not be written: {write_err.strerror})"
+    _print_error(message)
 
 
 def _completed_record(cfg: DictConfig, results: Path) -> dict | None:
@@ -88,10 +167,30 @@ def _completed_record(cfg: DictConfig, results: Path) -> dict | None:
 
 
 def run_job(cfg: DictConfig) -> dict | None:
-    """Validate, train and record one job of a run or sweep."""
+    """Lock the run dir, then validate, train and record one job of a run or sweep."""
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    created = _CREATED_DIRS.pop(str(run_dir), [])
+    lock = RunDirLock(run_dir)
+    try:
+        lock.acquire()
+    except (DPBenchError, OSError) as err:
+        _print_error(str(err) if isinstance(err, DPBenchError) else _os_error(err, run_dir))
+        _remove_created(created)
+        if multirun:
+            return None
+        sys.exit(2)
+    try:
+        return _run_locked(cfg, run_dir, multirun, lambda: (lock.release(),
+                                                            _remove_created(created)))
+    finally:
+        lock.release()
+
+
+def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo) -> dict | None:
+    """run_job's body, with the run dir locked; ``undo()`` removes what a refusal created."""
+    hc = HydraConfig.get()
     existed_before = (run_dir / RESULTS_NAME).exists() or (run_dir / "checkpoint.pt").exists()
     from dpbench.experiment import build_trainer
 
@@ -100,6 +199,8 @@ def run_job(cfg: DictConfig) -> dict | None:
     expected = Exception if multirun else (DPBenchError, TypeError, ValueError, ImportError,
                                            OSError)
     try:
+        check_path_values(cfg)
+        check_run_dir(run_dir, list(hc.overrides.hydra))
         if cfg.trainer.get("resume") and results.exists():
             record = _completed_record(cfg, results)
             if record is not None:
@@ -107,18 +208,28 @@ def run_job(cfg: DictConfig) -> dict | None:
                 return record
         callbacks = _callbacks(cfg, run_dir, multirun)
         trainer = build_trainer(cfg, run_dir, callbacks)
-        trainer.maybe_resume()  # a checkpoint of another config fails here, writing nothing
+        _resume(trainer)  # a checkpoint of another config fails here, writing nothing
     except expected as err:
         # a failed record never replaces the record of an earlier run in the same dir
         _report_error(cfg, run_dir, err, "setup", multirun and not existed_before,
                       keep_record=False)
         if multirun:
             return None
-        _remove_if_fresh(run_dir, existed_before)
+        undo()
         sys.exit(2)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True).encode())
-    handler = logging.FileHandler(run_dir / "run.log")
+    config_path = run_dir / "config.yaml"
+    had_config = config_path.exists()
+    try:
+        atomic_write_bytes(config_path, OmegaConf.to_yaml(cfg, resolve=True).encode())
+        handler = logging.FileHandler(run_dir / "run.log")
+    except OSError as err:  # read-only or full output folder: nothing trained yet
+        _print_error(_os_error(err, run_dir))
+        if not had_config:
+            config_path.unlink(missing_ok=True)
+        if multirun:
+            return None
+        undo()
+        sys.exit(2)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s"))
     logging.getLogger().addHandler(handler)
     try:
@@ -149,6 +260,18 @@ def run_job(cfg: DictConfig) -> dict | None:
           + (f"test accuracy {acc:.4f}, " if acc is not None else "")
           + f"results in {run_dir / RESULTS_NAME}")
     return result
+
+
+def _resume(trainer) -> None:
+    """Load the run dir's checkpoint when resuming; any failure to read it is one DataError."""
+    try:
+        trainer.maybe_resume()
+    except DPBenchError:
+        raise
+    except Exception as err:  # noqa: BLE001 - torch.load raises many kinds on a bad file
+        raise DataError(f"cannot resume from {trainer.checkpoint_path}: the checkpoint is "
+                        f"unreadable, corrupt or truncated ({type(err).__name__}: {err}); "
+                        "move it away to start afresh") from err
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

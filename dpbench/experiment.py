@@ -11,7 +11,14 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.config.schema import PrivacyConfig, TrainerConfig
+from dpbench.config.schema import (
+    PrivacyConfig,
+    TrainerConfig,
+    check_dataset,
+    check_method_numbers,
+    check_privacy_matches_method,
+    check_seed,
+)
 from dpbench.data import get_dataset_builder
 from dpbench.errors import ConfigError
 from dpbench.methods import get_method
@@ -60,11 +67,17 @@ def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
 
     ``trainer_cls`` lets the audit run the same loop with canaries (a Trainer subclass).
     """
-    seed_everything(int(cfg.seed), "model_init")  # init depends on the seed alone
+    seed = check_seed(cfg.get("seed"))
+    seed_everything(seed, "model_init")  # init depends on the seed alone
     privacy = _typed(PrivacyConfig, cfg.privacy, "privacy")
     trainer_cfg = _typed(TrainerConfig, cfg.trainer, "trainer")
+    check_privacy_matches_method(cfg.method.name, get_method(cfg.method.name).private, privacy)
+    check_method_numbers(_settings(cfg.method.get("optimizer")),
+                         _settings(cfg.method.get("settings")))
+    dataset_settings = _settings(cfg.dataset, "name", "task")
+    check_dataset(dataset_settings)
     method = build_method(cfg)
-    data = get_dataset_builder(cfg.dataset.name)(**_settings(cfg.dataset, "name", "task"))
+    data = get_dataset_builder(cfg.dataset.name)(**dataset_settings)
     if cfg.dataset.get("task") and cfg.dataset.task != data.task:
         raise ConfigError(f"dataset.task is {cfg.dataset.task!r} but {data.name} is a "
                           f"{data.task!r} data set")
@@ -73,5 +86,5 @@ def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
         **({"data": data} if cfg.model.get("needs_data") else {}))
     task = get_task(data.task)(data, **_settings(cfg.get("task")))
     return trainer_cls(method=method, model=model, task=task, data=data, privacy=privacy,
-                       trainer=trainer_cfg, seed=int(cfg.seed), run_dir=run_dir,
+                       trainer=trainer_cfg, seed=seed, run_dir=run_dir,
                        callbacks=callbacks, fingerprint=fingerprint(cfg))

@@ -20,23 +20,60 @@ import pandas as pd
 from dpbench.logging.results import RESULTS_NAME
 
 KEY_COLUMNS = ["label", "dataset", "model", "target_epsilon"]
+#: keys every record needs, with the types they may have
+_REQUIRED: dict[str, tuple[type, ...]] = {"status": (str,), "dataset": (str,),
+                                          "model": (str,)}
+_OPTIONAL: dict[str, tuple[type, ...]] = {
+    "method": (str,), "method_name": (str,), "error": (str,), "privacy": (str,),
+    "target_epsilon": (int, float, type(None)), "epsilon": (int, float, type(None)),
+    "metrics": (dict, type(None)), "private": (bool, type(None))}
+
+
+class Unreadable(ValueError):
+    """A results.json that cannot be reported (not JSON, not a record, wrong types)."""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def record_row(record: Any) -> dict[str, Any]:
+    """Return the report row of one results.json record; raise Unreadable saying why."""
+    if not isinstance(record, dict):
+        raise Unreadable(f"expected a JSON object, got {type(record).__name__}")
+    missing = [k for k in _REQUIRED if k not in record]
+    if "method" not in record and "method_name" not in record:
+        missing.append("method")
+    if missing:
+        raise Unreadable(f"missing key(s) {', '.join(missing)}")
+    for key, types in {**_REQUIRED, **_OPTIONAL}.items():
+        value = record.get(key)
+        if key in record and (not isinstance(value, types) or (
+                isinstance(value, bool) and bool not in types)):
+            raise Unreadable(f"{key} has the wrong type ({type(value).__name__}: "
+                             f"{str(value)[:40]!r})")
+    row = {k: v for k, v in record.items()  # private_diagnostics: never shown
+           if k not in ("config", "history", "metrics", "privacy_ledger", "method_summary",
+                        "private_diagnostics")
+           and (v is None or isinstance(v, (str, int, float, bool)))}
+    for k, v in (record.get("metrics") or {}).items():
+        if _is_number(v) or v is None:
+            row[k] = v
+    return row
 
 
 def load_runs(root: str | Path) -> pd.DataFrame:
-    """Return one row per results.json under ``root`` (unreadable files become failed rows)."""
+    """Return one row per results.json under ``root``.
+
+    A file that cannot be reported becomes a row with status ``unreadable`` and the reason in
+    ``error``; it is listed, never tabulated, and the other runs are still reported.
+    """
     rows: list[dict[str, Any]] = []
     for path in sorted(Path(root).rglob(RESULTS_NAME)):
         try:
-            record = json.loads(path.read_text())
-        except (json.JSONDecodeError, OSError) as err:
-            rows.append({"run_dir": str(path.parent), "status": "failed",
-                         "error": f"unreadable results.json: {err}"})
-            continue
-        row = {k: v for k, v in record.items()
-               if k not in ("config", "history", "metrics", "privacy_ledger", "method_summary")}
-        for k, v in (record.get("metrics") or {}).items():
-            if isinstance(v, (int, float)) or v is None:
-                row[k] = v
+            row = record_row(json.loads(path.read_text()))
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError, Unreadable) as err:
+            row = {"status": "unreadable", "error": f"unreadable results.json: {err}"}
         row["run_dir"] = str(path.parent)
         rows.append(row)
     frame = pd.DataFrame(rows)
@@ -50,6 +87,36 @@ def load_runs(root: str | Path) -> pd.DataFrame:
     nonpriv = (frame["method"] == "nonprivate") & (name != "nonprivate")
     frame["label"] = name.where(~nonpriv, name + " (non-private)")
     return frame
+
+
+def markdown_text(value: Any) -> str:
+    """Return ``value`` safe inside a markdown table cell or list item (one line, no pipes)."""
+    text = " ".join(str(value).split())
+    return text.replace("\\", "\\\\").replace("|", "\\|")
+
+
+_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+                  "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
+                  "^": r"\textasciicircum{}"}
+
+
+def latex_text(value: Any) -> str:
+    """Return ``value`` as LaTeX text: special characters escaped, ± as $\\pm$, one line."""
+    text = " ".join(str(value).split())
+    text = "".join(_LATEX_SPECIAL.get(ch, ch) for ch in text)
+    return text.replace("±", r"$\pm$")
+
+
+def _markdown_table(table: pd.DataFrame) -> str:
+    """Return ``table`` as markdown, cells escaped and printed as formatted (no re-parsing)."""
+    return _escaped(table, markdown_text).to_markdown(index=False, disable_numparse=True)
+
+
+def _escaped(table: pd.DataFrame, escape) -> pd.DataFrame:
+    out = table.map(lambda v: v if v is None or (isinstance(v, float) and math.isnan(v))
+                    else escape(v))
+    out.columns = [escape(c) for c in out.columns]
+    return out
 
 
 def _fmt(values: pd.Series) -> str:
@@ -136,21 +203,30 @@ def build_report(root: str | Path, metric: str = "accuracy") -> tuple[pd.DataFra
         raise SystemExit(f"dpbench-report: no {RESULTS_NAME} under {root}")
     if metric not in frame:
         frame[metric] = None
-    table = summarise(frame, metric)
-    markdown = table.reset_index().to_markdown(index=False)
-    audit = audit_summary(frame)
+    readable = frame[frame["status"] != "unreadable"]
+    if readable.empty:
+        table = pd.DataFrame()
+        markdown = f"No readable {RESULTS_NAME} under {markdown_text(root)}."
+    else:
+        table = summarise(readable, metric)
+        markdown = _markdown_table(table.reset_index())
+    audit = audit_summary(readable) if not readable.empty else None
     if audit is not None:
         markdown += ("\n\nEmpirical audit (epsilon_lower must not exceed epsilon_claimed):\n\n"
-                     + audit.reset_index().to_markdown(index=False))
-    failures = frame[frame["status"] == "failed"]
-    if not failures.empty:
-        markdown += "\n\nFailed runs:\n" + "\n".join(
-            f"- {r.run_dir}: {r.error}" for r in failures.itertuples())
-    (root / "report.md").write_text(f"# {metric}\n\n{markdown}\n")
+                     + _markdown_table(audit.reset_index()))
+    for status, title in (("failed", "Failed runs"), ("unreadable", "Unreadable results")):
+        listed = frame[frame["status"] == status]
+        if not listed.empty:
+            markdown += f"\n\n{title}:\n" + "\n".join(
+                f"- {markdown_text(r.run_dir)}: {markdown_text(r.error)}"
+                for r in listed.itertuples())
+    (root / "report.md").write_text(f"# {markdown_text(metric)}\n\n{markdown}\n")
     table.to_csv(root / "report.csv")
-    (root / "report.tex").write_text(table.reset_index().to_latex(index=False))
+    latex = _escaped(table.reset_index(), latex_text) if not table.empty else table
+    (root / "report.tex").write_text(latex.to_latex(index=False, escape=False))
     frame.drop(columns=["eps_col"], errors="ignore").to_csv(root / "runs.csv", index=False)
-    plot(frame, metric, root / "privacy_utility.png")
+    if not readable.empty:
+        plot(readable, metric, root / "privacy_utility.png")
     return frame, markdown
 
 

@@ -2,7 +2,9 @@
 
     python scripts/dp_adaln_report.py outputs/dp_adaln/cpu
 writes ``table.md`` (metrics by method x noise, mean +- std over seeds; g_cond tail
-quantiles, clip rate and severity) and ``g_cond_hist.png`` into the sweep folder.
+quantiles, clip rate and severity) and ``g_cond_hist.png`` into the sweep folder. The gradient
+diagnostics come from results.json's ``private_diagnostics``: they are computed on the
+training data without noise, so the table and figure are for the data owner, not to publish.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ def load(root: Path) -> dict[tuple[str, float], list[dict]]:
     return groups
 
 
+def diagnostics(record: dict) -> dict:
+    """Return the run's final un-privatised training diagnostics (empty if none)."""
+    return (record.get("private_diagnostics") or {}).get("final") or {}
+
+
 def cell(values: list[float], digits: int = 3) -> str:
     v = np.array([x for x in values if x is not None and math.isfinite(x)], dtype=float)
     if not len(v):
@@ -51,13 +58,15 @@ def tables(groups) -> str:
                      f"{len(rs)} | "
                      + " | ".join(cell([r["metrics"].get(m) for r in rs]) for m in METRICS)
                      + " |")
-    lines += ["", "| method | sigma | " + " | ".join(DIAG) + " |", "|" + "---|" * (2 + len(DIAG))]
+    lines += ["", "Training gradient diagnostics (NOT privatised: do not publish):", "",
+              "| method | sigma | " + " | ".join(DIAG) + " |", "|" + "---|" * (2 + len(DIAG))]
     for method, sigma in keys:
         if not sigma:
             continue
         rs = groups[(method, sigma)]
         lines.append(f"| {method} | {sigma} | "
-                     + " | ".join(cell([r["metrics"].get(m) for r in rs]) for m in DIAG) + " |")
+                     + " | ".join(cell([diagnostics(r).get(m) for r in rs]) for m in DIAG)
+                     + " |")
     lines += ["", "DP-aware vs DP-vanilla (mean RMSE over seeds, lower is better):"]
     for sigma in sorted({s for _, s in keys}):
         a, v = groups.get(("dp_adaln", sigma)), groups.get(("dp_vanilla", sigma))
@@ -87,7 +96,7 @@ def figure(groups, path: Path) -> None:
     for ax, sigma in zip(axes[0], sigmas):
         for method, color in (("dp_vanilla", "tab:red"), ("dp_adaln", "tab:blue")):
             norms = [v for r in groups.get((method, sigma), [])
-                     for v in r["metrics"].get("g_cond_norms", [])]
+                     for v in diagnostics(r).get("g_cond_norms", [])]
             if norms:
                 ax.hist(norms, bins=50, alpha=0.5, color=color, label=method, log=True)
         ax.set_title(f"sigma = {sigma}")

@@ -13,7 +13,8 @@ TABLE=${2:-etth1_imputation}
 SEEDS=${SEEDS:-0,1,2}
 SIGMAS=${SIGMAS:-0.5,1,2,4}
 PY=${PY:-python}
-export DPBENCH_DATA_ROOT=${DPBENCH_DATA_ROOT:-$(cd .. && pwd)/shared/data}
+: "${DPBENCH_DATA_ROOT:?set DPBENCH_DATA_ROOT to the folder holding ETT-small/}"
+export DPBENCH_DATA_ROOT
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} WANDB_MODE=${WANDB_MODE:-disabled}
 PRESET=dp_adaln_${TABLE}$([ "$SCALE" = cpu ] && echo _cpu || true)
 OUT=outputs/dp_adaln/${SCALE}/${TABLE}

@@ -16,9 +16,7 @@ ABL_EPS=${ABL_EPS:-eps1}
 PRESET=${PRESET:-fiber_mnist_cpu}
 PARALLEL=${PARALLEL:-1}   # >1: run the method groups as that many concurrent processes
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} WANDB_MODE=${WANDB_MODE:-disabled}
-if [ -z "${DPBENCH_DATA_ROOT:-}" ] && [ -d ../shared/data ]; then  # offline copies, if present
-  DPBENCH_DATA_ROOT=$(cd ../shared/data && pwd); export DPBENCH_DATA_ROOT
-fi
+# data: DPBENCH_DATA_ROOT (an offline copy) if set, else torchvision downloads MNIST
 COMMON=(experiment=$PRESET logger=none trainer.progress=false "$@")
 
 jobs_list=()

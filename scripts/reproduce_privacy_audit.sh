@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 8: the methods x (ledger check, sensitivity, audit) table and the fault / bad-input tests.
+# Privacy verification (docs/privacy.md): the methods x (ledger check, sensitivity, audit) table
+# and the fault / bad-input tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

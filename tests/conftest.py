@@ -25,7 +25,6 @@ except ImportError:  # the dev extra is absent
 from dpbench.cli import CONF_DIR
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("DPBENCH_SHARED_DATA", REPO.parent / "shared" / "data"))
 QUIET = ["logger=none", "trainer.progress=false", "trainer.device=cpu"]
 
 
@@ -43,10 +42,21 @@ def run_config(cfg, run_dir: Path | None = None) -> dict:
 
 
 @pytest.fixture
-def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared data not found at {SHARED_DATA}")
-    return SHARED_DATA
+def data_root() -> Path:
+    """Return the real data root of ``@pytest.mark.data`` tests (``DPBENCH_DATA_ROOT``).
+
+    Fails, never skips, when it is unset or missing: ``make test-data`` was asked to check the
+    real files, so their absence is an error.
+    """
+    value = os.environ.get("DPBENCH_DATA_ROOT", "")
+    if not value:
+        pytest.fail("DPBENCH_DATA_ROOT is not set: the `data` tests check the real data files "
+                    "and need it (e.g. DPBENCH_DATA_ROOT=/path/to/data make test-data)",
+                    pytrace=False)
+    root = Path(value).expanduser().resolve()
+    if not root.is_dir():
+        pytest.fail(f"DPBENCH_DATA_ROOT={value} is not a folder", pytrace=False)
+    return root
 
 
 @pytest.fixture(autouse=True)

@@ -15,19 +15,21 @@ import pytest
 
 from dpbench.cli import CONF_DIR
 from dpbench.methods import get_method, method_names
-from tests.conftest import SHARED_DATA
+from tests.fixtures.synthetic import method_matrix_root
 
 #: shared by every entry: real data, no data root, one epoch, no checkpoint, quiet
 TINY: tuple[str, ...] = ("dataset=digits", "model=mlp", "model.hidden=16", "privacy=eps3",
                          "trainer.epochs=1", "trainer.batch_size=64", "trainer.checkpoint=false",
                          "seed=0")
 
-#: tiny SST-2 run of the packaged MiniLM with LoRA (offline; shared/data holds SST-2)
-TEXT = ("dataset=sst2", f"paths.data_root={SHARED_DATA}", "model=minilm_lora",
+#: stands for ``paths.data_root=<a folder of synthetic files>`` (written on first use)
+SYNTHETIC_ROOT = "paths.data_root=<synthetic>"
+#: tiny SST-2 run of the packaged MiniLM with LoRA (offline; synthetic GLUE TSVs)
+TEXT = ("dataset=sst2", SYNTHETIC_ROOT, "model=minilm_lora",
         "dataset.train_size=48", "dataset.test_size=16", "dataset.max_length=12",
         "trainer.batch_size=16")
-#: tiny ETTh1 imputation run of the AdaLN-Zero diffusion transformer
-TIME_SERIES = ("dataset=etth1", f"paths.data_root={SHARED_DATA}", "dataset.window=8",
+#: tiny ETTh1 imputation run of the AdaLN-Zero diffusion transformer (synthetic ETT CSV)
+TIME_SERIES = ("dataset=etth1", SYNTHETIC_ROOT, "dataset.window=8",
                "dataset.max_train_windows=256", "dataset.max_test_windows=16", "model=dit",
                "model.hidden=8", "model.depth=1", "trainer.batch_size=32",
                "+task.diffusion_steps=8", "+task.num_samples=3")
@@ -75,6 +77,9 @@ def method_overrides(name: str) -> list[str]:
     base = list(TINY)
     if any(o.startswith("model=") for o in extra):  # another task's model: drop the MLP's keys
         base = [o for o in base if not o.startswith("model")]
+    if SYNTHETIC_ROOT in extra:
+        extra = tuple(f"paths.data_root={method_matrix_root()}" if o == SYNTHETIC_ROOT else o
+                      for o in extra)
     return [*base, *chosen, *extra]
 
 

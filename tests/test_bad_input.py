@@ -1,10 +1,9 @@
-"""Every rejected input of README's "Bad input" table, through the real CLI: exit code != 0,
-a message naming the problem, and nothing left in the run directory."""
+"""Every rejected input of the bad-input table in docs/reliability.md, through the real CLI:
+exit code != 0, a message naming the problem, and nothing left in the run directory."""
 
 from __future__ import annotations
 
 import gzip
-import shutil
 from pathlib import Path
 
 import pytest
@@ -13,12 +12,13 @@ from dpbench.cli import _hydra_entry
 from dpbench.methods import METHODS, method_names
 from dpbench.methods.base import DPMethod
 from tests.cli_helpers import run_cli
+from tests.fixtures.synthetic import write_mnist_copy
 
 BASE = ("model.hidden=16", "trainer.epochs=1", "trainer.batch_size=64")
 HYDRA = 1  # Hydra rejects an unknown config group option itself (exit 1, lists the options)
 DPBENCH = 2  # dpbench's ConfigError / DataError (exit 2)
 
-#: (row id, overrides, exit code, message fragment) -- README "Bad input", one test each
+#: (row id, overrides, exit code, message fragment): docs/reliability.md, one test per row
 ROWS = [
     ("epsilon<=0", ["privacy.target_epsilon=0"], DPBENCH,
      "privacy.target_epsilon must be a number > 0"),
@@ -99,15 +99,12 @@ def test_method_on_a_task_it_does_not_support(monkeypatch, tmp_path, capfd):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "corrupt"])
-def test_corrupt_or_truncated_data_file(damage, shared_data, monkeypatch, tmp_path, capfd):
+def test_corrupt_or_truncated_data_file(damage, monkeypatch, tmp_path, capfd):
     root = tmp_path / "data"
-    (root / "mnist").mkdir(parents=True)
-    images = shared_data / "mnist" / "t10k-images-idx3-ubyte.gz"
-    labels = shared_data / "mnist" / "t10k-labels-idx1-ubyte.gz"
-    shutil.copy(labels, root / "mnist" / labels.name)
-    target = root / "mnist" / images.name
+    write_mnist_copy(root, n=400)
+    target = root / "mnist" / "t10k-images-idx3-ubyte.gz"
     if damage == "truncated":
-        target.write_bytes(images.read_bytes()[:5000])
+        target.write_bytes(target.read_bytes()[:5000])
     else:
         target.write_bytes(gzip.compress(b"\x00\x00\x08\x03 not an idx file"))
     code, output, run_dir = _run(monkeypatch, tmp_path, [
@@ -141,3 +138,293 @@ def test_checkpoint_from_another_config_on_resume(finished, monkeypatch, tmp_pat
     assert code == DPBENCH, output
     assert "written by another configuration" in output
     assert _snapshot(run_dir) == before
+
+
+# --- settings that were silently not applied, or failed after training had begun ---------
+
+#: (row id, overrides, message fragment): refused before training, exit 2, key named
+SETTINGS_ROWS = [
+    ("non-private method with a target", ["method=ivon", "privacy=eps3"],
+     "method ivon is non-private; use privacy=nonprivate (got privacy=eps3, "
+     "privacy.target_epsilon=3.0)"),
+    ("nonprivate method with eps1", ["method=nonprivate", "privacy=eps1"],
+     "method nonprivate is non-private; use privacy=nonprivate (got privacy=eps1"),
+    ("sigma and target both set", ["privacy.noise_multiplier=0.5", "privacy.target_epsilon=1"],
+     "privacy.noise_multiplier=0.5 and privacy.target_epsilon=1.0 are both set"),
+    ("sigma over the default target", ["privacy.noise_multiplier=0.5"],
+     "privacy.noise_multiplier=0.5 and privacy.target_epsilon=3.0 are both set"),
+    ("target with privacy off", ["privacy=nonprivate", "privacy.target_epsilon=3"],
+     "would ignore privacy.target_epsilon=3"),
+    ("clip=inf", ["privacy.clip_norm=inf"], "privacy.clip_norm must be finite (got inf)"),
+    ("eval_every=0", ["trainer.eval_every=0"], "trainer.eval_every must be an integer >= 1"),
+    ("train_fraction=1", ["dataset.train_fraction=1.0"],
+     "dataset.train_fraction must be a number in (0, 1)"),
+    ("train_fraction=0", ["dataset.train_fraction=0"],
+     "dataset.train_fraction must be a number in (0, 1)"),
+    ("lr=nan", ["method.optimizer.lr=nan"], "method.optimizer.lr must be a finite number"),
+    ("lr=0", ["method.optimizer.lr=0"], "method.optimizer.lr must be a finite number > 0"),
+    ("momentum=inf", ["method.optimizer.momentum=inf"],
+     "method.optimizer.momentum must be a finite number"),
+    ("setting=nan", ["method=ivon", "method.settings.eval_samples=nan"],
+     "method.settings.eval_samples must be a number"),
+    ("train_subset=-5", ["dataset=mnist", "paths.data_root=/nonexistent/dpbench",
+                         "dataset.download=false", "dataset.train_subset=-5"],
+     "dataset.train_subset must be an integer >= 1 or null (got -5)"),
+    ("seed=abc", ["seed=abc"], "seed must be an integer in [0, 2**63) (got 'abc')"),
+    ("seed<0", ["seed=-1"], "seed must be an integer in [0, 2**63) (got -1)"),
+    ("seed=1.5", ["seed=1.5"], "seed must be an integer in [0, 2**63) (got 1.5)"),
+]
+
+
+def _cli(monkeypatch, capfd, *args: str) -> tuple[int, str]:
+    code = run_cli(_hydra_entry, [*BASE, *args], monkeypatch)
+    captured = capfd.readouterr()
+    return code, captured.err + captured.out
+
+
+def _one_line_error(output: str, fragment: str) -> None:
+    errors = [line for line in output.splitlines() if line.startswith("dpbench: error:")]
+    assert len(errors) == 1 and fragment in errors[0], output
+    assert "Traceback" not in output and "Error executing job" not in output, output
+
+
+@pytest.mark.parametrize("row", SETTINGS_ROWS, ids=[r[0] for r in SETTINGS_ROWS])
+def test_setting_is_refused_before_training(row, monkeypatch, tmp_path, capfd):
+    _, overrides, message = row
+    (tmp_path / "keep").write_text("a file the run must not touch")
+    run_dir = tmp_path / "run"
+    code, output = _cli(monkeypatch, capfd, *overrides, f"hydra.run.dir={run_dir}")
+    assert code == DPBENCH, output
+    _one_line_error(output, message)
+    assert not run_dir.exists() and (tmp_path / "keep").exists()  # it removed only its own dir
+
+
+def test_cuda_on_a_machine_without_cuda(monkeypatch, tmp_path, capfd):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, output = _cli(monkeypatch, capfd, "trainer.device=cuda",
+                        f"hydra.run.dir={tmp_path / 'run'}")
+    assert code == DPBENCH, output
+    _one_line_error(output, "trainer.device=cuda but CUDA is not available")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("method", ["nonprivate", "ivon"])
+def test_a_non_private_method_selects_privacy_nonprivate(method):
+    from tests.conftest import compose_config
+
+    cfg = compose_config(f"method={method}")
+    assert cfg.privacy.name == "nonprivate" and cfg.privacy.enabled is False
+    assert cfg.privacy.target_epsilon is None and cfg.run_name.endswith("-nonprivate-s0")
+    private = compose_config("method=dpsgd")  # a private method keeps the default target
+    assert private.privacy.name == "eps3" and private.privacy.target_epsilon == 3.0
+
+
+def test_dpbench_method_nonprivate_runs_and_records_no_target(monkeypatch, tmp_path, capfd):
+    import json
+
+    run_dir = tmp_path / "run"
+    code, output = _cli(monkeypatch, capfd, "method=nonprivate", f"hydra.run.dir={run_dir}")
+    assert code == 0, output
+    record = json.loads((run_dir / "results.json").read_text())
+    assert record["privacy"] == "nonprivate" and record["target_epsilon"] is None
+    assert record["private"] is False and record["status"] == "completed"
+
+
+def test_sweep_of_nonprivate_over_epsilons_fails_those_jobs_clearly(monkeypatch, tmp_path,
+                                                                      capfd):
+    """A method x epsilon grid with a non-private method: its jobs fail at setup (nothing
+    trained), each with the one-line reason in its record; the private jobs complete."""
+    import json
+
+    sweep = tmp_path / "sweep"
+    code, output = _cli(monkeypatch, capfd, "-m", "method=nonprivate,dpsgd",
+                        "privacy=eps1,eps3", f"hydra.sweep.dir={sweep}")
+    assert code == 0, output
+    records = [json.loads(p.read_text()) for p in sweep.rglob("results.json")]
+    status = sorted((r["method_name"], r["privacy"], r["status"]) for r in records)
+    assert status == [("dpsgd", "eps1", "completed"), ("dpsgd", "eps3", "completed"),
+                      ("nonprivate", "eps1", "failed"), ("nonprivate", "eps3", "failed")]
+    for r in records:
+        if r["status"] == "failed":
+            assert "use privacy=nonprivate" in r["error"] and r["failed_stage"] == "setup"
+    assert output.count("method nonprivate is non-private") == 2
+
+
+# --- messages say what happened --------------------------------------------------------------
+
+def test_failed_download_is_not_reported_as_download_off(monkeypatch, tmp_path, capfd):
+    from torchvision.datasets import MNIST
+
+    monkeypatch.setattr(MNIST, "mirrors", ["http://127.0.0.1:9/"])  # refused at once, offline
+    code, output = _cli(monkeypatch, capfd, "dataset=mnist", f"paths.data_root={tmp_path}/d",
+                        "dataset.download=true", f"hydra.run.dir={tmp_path / 'run'}")
+    assert code == DPBENCH, output
+    _one_line_error(output, "the download failed")
+    assert "download is off" not in output
+
+
+def test_permission_error_is_not_reported_as_corrupt(monkeypatch, tmp_path, capfd):
+    import errno
+
+    root = tmp_path / "data"
+    (root / "mnist").mkdir(parents=True)
+    for name in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+        (root / "mnist" / name).write_bytes(gzip.compress(b"\x00" * 16))
+
+    def denied(path, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(gzip, "open", denied)
+    code, output = _cli(monkeypatch, capfd, "dataset=mnist", f"paths.data_root={root}",
+                        "dataset.download=false", f"hydra.run.dir={tmp_path / 'run'}")
+    assert code == DPBENCH, output
+    _one_line_error(output, "permission denied")
+    assert "corrupt" not in output
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_unreadable_checkpoint_is_one_line(damage, monkeypatch, tmp_path, capfd):
+    import json
+
+    run_dir = tmp_path / "run"
+    args = ("trainer.epochs=2", f"hydra.run.dir={run_dir}")
+    assert _cli(monkeypatch, capfd, *args)[0] == 0
+    ckpt = run_dir / "checkpoint.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[:2000] if damage == "truncated" else b"not a checkpoint")
+    record = json.loads((run_dir / "results.json").read_text())
+    record["status"] = "running"  # as after a kill in epoch 2
+    (run_dir / "results.json").write_text(json.dumps(record))
+    before = _snapshot(run_dir)
+    code, output = _cli(monkeypatch, capfd, *args, "trainer.resume=true")
+    assert code == DPBENCH, output
+    _one_line_error(output, str(ckpt))
+    assert _snapshot(run_dir) == before
+
+
+# --- runs and files ----------------------------------------------------------------------------
+
+def _hold_lock_in_another_process(run_dir: Path):
+    """Start a process that holds ``run_dir``'s lock; return it once it holds it."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    code = ("import sys, time; from dpbench.utils.lock import RunDirLock; "
+            f"RunDirLock({str(run_dir)!r}).acquire(); print('held', flush=True); "
+            "time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=repo, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_second_run_on_a_locked_run_dir_is_refused(monkeypatch, tmp_path, capfd):
+    run_dir = tmp_path / "run"
+    assert _cli(monkeypatch, capfd, f"hydra.run.dir={run_dir}")[0] == 0
+    before = _snapshot(run_dir)
+    holder = _hold_lock_in_another_process(run_dir)
+    try:
+        code, output = _cli(monkeypatch, capfd, "method.optimizer.lr=0.5",
+                            f"hydra.run.dir={run_dir}")
+        assert code == DPBENCH, output
+        _one_line_error(output, f"{run_dir} is in use by another dpbench run (pid {holder.pid})")
+        after = _snapshot(run_dir)
+        assert {k: v for k, v in after.items() if k != ".dpbench.lock"} == before
+    finally:
+        holder.kill()  # as a crash: the lock file stays behind, its holder is gone
+        holder.wait()
+    assert (run_dir / ".dpbench.lock").exists()
+    code, output = _cli(monkeypatch, capfd, "method.optimizer.lr=0.5", f"hydra.run.dir={run_dir}")
+    assert code == 0, output  # a stale lock of a dead process does not block the run
+    assert not (run_dir / ".dpbench.lock").exists()
+
+
+def test_run_dir_lock_is_exclusive_and_removed_on_release(tmp_path):
+    from dpbench.utils.lock import RunDirBusy, RunDirLock
+
+    with RunDirLock(tmp_path):
+        with pytest.raises(RunDirBusy, match="in use by another dpbench run"):
+            RunDirLock(tmp_path).acquire()
+    assert list(tmp_path.iterdir()) == []
+    with RunDirLock(tmp_path):  # free again
+        pass
+
+
+@pytest.mark.parametrize("layout", ["empty parents", "empty run dir"])
+def test_refused_run_keeps_folders_it_did_not_create(layout, monkeypatch, tmp_path, capfd):
+    mine = tmp_path / "mine"  # the user's own, empty folder
+    mine.mkdir()
+    run_dir = mine / "a" / "b" if layout == "empty parents" else mine
+    code, output = _cli(monkeypatch, capfd, "trainer.epochs=0", f"hydra.run.dir={run_dir}")
+    assert code == DPBENCH, output
+    assert mine.is_dir() and list(mine.iterdir()) == []  # its own a/b removed, mine kept
+
+
+def test_run_dir_under_a_file_is_one_line(monkeypatch, tmp_path, capfd):
+    (tmp_path / "file.txt").write_text("x")
+    code, output = _cli(monkeypatch, capfd, f"hydra.run.dir={tmp_path / 'file.txt' / 'run'}")
+    assert code == DPBENCH, output
+    _one_line_error(output, "cannot create hydra.run.dir=")
+    assert "Not a directory" in output and (tmp_path / "file.txt").read_text() == "x"
+
+
+def _refuse_writes_under(monkeypatch, folder: Path, err: int, *, only: str = "") -> None:
+    """Make mkdir/open under ``folder`` fail with ``err`` (a read-only or full file system;
+    tests run as root, whom chmod does not stop)."""
+    import builtins
+    import errno
+    import os
+
+    real_mkdir, real_open, real_builtin_open = os.mkdir, os.open, builtins.open
+
+    def blocked(path) -> bool:
+        text = os.path.abspath(os.fspath(path))
+        return text.startswith(str(folder)) and only in os.path.basename(text)
+
+    def mkdir(path, *args, **kwargs):
+        if blocked(path):
+            raise OSError(err, os.strerror(err), str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    def open_(path, flags, *args, **kwargs):
+        if blocked(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise OSError(err, os.strerror(err), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    def builtin_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and blocked(file) and set(mode) & set("wax+"):
+            raise OSError(err, os.strerror(err), str(file))
+        return real_builtin_open(file, mode, *args, **kwargs)
+
+    assert errno.errorcode[err]
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(builtins, "open", builtin_open)
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["new run dir", "existing run dir"])
+def test_read_only_output_folder_is_one_line(exists, monkeypatch, tmp_path, capfd):
+    import errno
+
+    run_dir = tmp_path / "ro" / "run"
+    if exists:
+        run_dir.mkdir(parents=True)
+    _refuse_writes_under(monkeypatch, tmp_path / "ro", errno.EROFS)
+    code, output = _cli(monkeypatch, capfd, f"hydra.run.dir={run_dir}")
+    assert code == DPBENCH, output
+    _one_line_error(output, "Read-only file system")
+    assert str(tmp_path / "ro") in output
+
+
+def test_disk_full_during_training_is_one_line(monkeypatch, tmp_path, capfd):
+    import errno
+
+    run_dir = tmp_path / "run"
+    _refuse_writes_under(monkeypatch, run_dir, errno.ENOSPC, only="results.json")
+    code, output = _cli(monkeypatch, capfd, "trainer.epochs=2", f"hydra.run.dir={run_dir}")
+    assert code == 1, output  # training had begun: exit 1, the reason in one line
+    _one_line_error(output, "No space left on device")
+    assert not (run_dir / "results.json").exists()

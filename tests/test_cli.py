@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ import pytest
 
 from dpbench.cli import main
 from dpbench.report import build_report
-from tests.conftest import SHARED_DATA
+from tests.results_contract import contract_problems
 
 QUIET = ["logger=none", "trainer.progress=false", "trainer.device=cpu"]
 
@@ -31,23 +30,13 @@ def dpbench(monkeypatch, *args: str) -> int:
     return 0
 
 
-def _contract():
-    path = SHARED_DATA.parent / "checks" / "results_contract.py"
-    if not path.exists():
-        pytest.skip("shared/checks/results_contract.py not found")
-    spec = importlib.util.spec_from_file_location("results_contract", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_single_run_meets_the_results_contract(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert dpbench(monkeypatch, *QUIET, "trainer.epochs=2") == 0
     files = list((tmp_path / "outputs").rglob("results.json"))
     assert len(files) == 1
     record = json.loads(files[0].read_text())
-    assert _contract().problems(record) == []
+    assert contract_problems(record) == []
     assert record["status"] == "completed" and record["epsilon"] <= record["target_epsilon"]
     assert record["config"]["method"]["name"] == "dpsgd" and record["git_commit"]
     assert record["privacy_ledger"][0]["steps"] == record["steps"]
@@ -57,11 +46,15 @@ def test_single_run_meets_the_results_contract(tmp_path, monkeypatch):
 def test_sweep_then_report_gives_the_table(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     sweep = tmp_path / "sweep"
-    code = dpbench(monkeypatch, "-m", *QUIET, "method=nonprivate,dpsgd", "privacy=eps1,eps8",
+    code = dpbench(monkeypatch, "-m", *QUIET, "method=dpsgd", "privacy=eps1,eps8",
                    "seed=0,1", "trainer.epochs=1", f"hydra.sweep.dir={sweep}")
     assert code == 0
+    # the non-private baseline (privacy=nonprivate, chosen by the method) into the same folder
+    code = dpbench(monkeypatch, "-m", *QUIET, "method=nonprivate", "seed=0,1",
+                   "trainer.epochs=1", f"hydra.sweep.dir={sweep}")
+    assert code == 0
     records = [json.loads(p.read_text()) for p in sweep.rglob("results.json")]
-    assert len(records) == 8 and all(r["status"] == "completed" for r in records)
+    assert len(records) == 6 and all(r["status"] == "completed" for r in records)
     frame, markdown = build_report(sweep)
     assert "eps=1" in markdown and "eps=8" in markdown
     expected = [r["metrics"]["accuracy"] for r in records
@@ -147,3 +140,33 @@ def test_demo_default_needs_no_data_root(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert dpbench(monkeypatch, *QUIET, "trainer.epochs=1") == 0
     assert Path(next((tmp_path / "outputs").rglob("results.json"))).exists()
+
+
+@pytest.mark.parametrize("override,key", [
+    ("privacy.name=../../../../../escaped", "privacy.name"),
+    ("method.name=/tmp/escaped", "method.name"),
+    ("run_name=..", "run_name"),
+])
+def test_a_name_with_path_separators_is_refused_and_writes_nothing_outside(
+        tmp_path, monkeypatch, capsys, override, key):
+    """A group's ``name`` becomes a folder: '../' must neither escape outputs/ nor train."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert dpbench(monkeypatch, *QUIET, "trainer.epochs=1", override) == 2
+    err = capsys.readouterr().err
+    assert f"{key}=" in err and len(err.strip().splitlines()) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["work"]  # nothing next to work/
+    assert not list(work.rglob("results.json")) and not list(work.rglob("*escaped*"))
+
+
+def test_path_component_makes_any_value_one_folder_name():
+    from dpbench.utils.paths import check_inside, path_component
+
+    for value in ("../../x", "/etc/passwd", "..", ".", "", "a\\..\\b", "a\nb", "x=../y,z=1"):
+        name = path_component(value)
+        assert "/" not in name and "\\" not in name and name.strip(".") and "\n" not in name
+        assert check_inside(Path("outputs/runs") / name, "outputs/runs", "k")
+    assert path_component("dpsgd-digits-mlp-eps3-s0") == "dpsgd-digits-mlp-eps3-s0"
+    assert path_component("method.optimizer.lr=0.5,trainer.epochs=1") == (
+        "method.optimizer.lr=0.5,trainer.epochs=1")

@@ -1,4 +1,4 @@
-"""Steps-to-target (Dadsetan and Rudzicz 2025, METHODS.md section 4).
+"""Steps-to-target (Dadsetan and Rudzicz 2025, docs/dp-lora-spectral.md).
 
 The target is the baseline's final accuracy; a method's steps-to-target is the first
 evaluated step at which its accuracy reaches it; the speed-up is 1 - steps / baseline steps;

@@ -22,6 +22,7 @@ from dpbench.audit.canaries import AuditSettings, AuditTrainer
 from dpbench.cli import CONF_DIR, _remove_if_fresh
 from dpbench.errors import ConfigError, DPBenchError
 from dpbench.logging.results import run_record, write_record
+from dpbench.utils.paths import check_path_values, check_run_dir
 
 HEADER = "| method | dataset | epsilon_claimed | epsilon_lower | correct / guesses | canaries |"
 
@@ -62,6 +63,8 @@ def _hydra_entry(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     existed = run_dir.exists() and any(run_dir.iterdir())  # Hydra creates it empty
     try:
+        check_path_values(cfg)
+        check_run_dir(run_dir, list(HydraConfig.get().overrides.hydra))
         record = run_audit(cfg, run_dir)
     except (DPBenchError, TypeError, ValueError, ImportError, OSError) as err:
         message = str(err) if isinstance(err, DPBenchError) else f"{type(err).__name__}: {err}"

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
+import torch
 from hydra.core.config_store import ConfigStore
 
 from dpbench.errors import ConfigError
@@ -17,11 +19,28 @@ from dpbench.privacy.accountant import ACCOUNTANTS
 from dpbench.training.per_example import GRAD_SAMPLE_MODES
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _positive(key: str, value: float | None, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if value is None or not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
+    if value is None or not _is_number(value) or math.isnan(value) or value <= 0:
         raise ConfigError(f"{key} must be a number > 0 (got {value!r})")
+
+
+def _positive_finite(key: str, value: float | None) -> None:
+    if not _is_number(value) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{key} must be a finite number > 0 (got {value!r})")
+
+
+def _positive_int(key: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{key} must be an integer >= 1{' or null' if allow_none else ''} "
+                          f"(got {value!r})")
 
 
 @dataclass
@@ -38,7 +57,20 @@ class PrivacyConfig:
 
     def __post_init__(self) -> None:
         if not self.enabled:
+            ignored = [f"privacy.{k}={v!r}" for k, v in (
+                ("target_epsilon", self.target_epsilon),
+                ("noise_multiplier", self.noise_multiplier)) if v is not None]
+            if ignored:
+                raise ConfigError(f"privacy.enabled=false (no noise, epsilon = inf) would ignore "
+                                  f"{', '.join(ignored)}; drop it or pick a private option "
+                                  f"such as privacy=eps3")
             return
+        if self.noise_multiplier is not None and self.target_epsilon is not None:
+            raise ConfigError(
+                f"privacy.noise_multiplier={self.noise_multiplier!r} and "
+                f"privacy.target_epsilon={self.target_epsilon!r} are both set; a fixed sigma "
+                f"ignores the target: use privacy=sigma privacy.noise_multiplier=... (target "
+                f"null) or drop privacy.noise_multiplier")
         if self.noise_multiplier is None:
             _positive("privacy.target_epsilon", self.target_epsilon)
             if math.isinf(self.target_epsilon):
@@ -49,6 +81,9 @@ class PrivacyConfig:
         if self.delta is not None and not (0 < self.delta < 1):
             raise ConfigError(f"privacy.delta must be in (0, 1/N) (got {self.delta!r})")
         _positive("privacy.clip_norm", self.clip_norm)
+        if math.isinf(self.clip_norm):
+            raise ConfigError("privacy.clip_norm must be finite (got inf): an infinite bound "
+                              "clips nothing and the noise scaled to it is infinite")
         if self.accountant not in ACCOUNTANTS:
             raise ConfigError(f"privacy.accountant must be one of {', '.join(ACCOUNTANTS)} "
                               f"(got {self.accountant!r})")
@@ -84,11 +119,91 @@ class TrainerConfig:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"trainer.device must be auto, cpu or cuda[:i] "
                               f"(got {self.device!r})")
+        if self.device.startswith("cuda"):
+            _check_cuda(self.device)
+        _positive_int("trainer.eval_every", self.eval_every)
+        _positive_int("trainer.eval_batch_size", self.eval_batch_size)
         if not isinstance(self.eval_every_steps, int) or self.eval_every_steps < 0:
             raise ConfigError(f"trainer.eval_every_steps must be an integer >= 0 "
                               f"(got {self.eval_every_steps!r})")
         if self.nonfinite not in ("stop", "skip"):
             raise ConfigError(f"trainer.nonfinite must be stop or skip (got {self.nonfinite!r})")
+
+
+def _check_cuda(device: str) -> None:
+    """Raise ConfigError unless ``device`` (cuda or cuda:i) exists on this machine."""
+    if not torch.cuda.is_available():
+        raise ConfigError(f"trainer.device={device} but CUDA is not available on this machine; "
+                          "use trainer.device=auto or trainer.device=cpu")
+    index = device.partition(":")[2]
+    if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+        raise ConfigError(f"trainer.device={device}: this machine has "
+                          f"{torch.cuda.device_count()} CUDA device(s)")
+
+
+#: dataset keys holding a size: a positive integer, or null for "all"
+_DATASET_SIZES = ("train_subset", "train_size", "test_size", "max_train_windows",
+                  "max_test_windows")
+
+
+def check_seed(seed: Any) -> int:
+    """Return ``seed`` if it is an integer in [0, 2**63); else raise ConfigError naming it."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        raise ConfigError(f"seed must be an integer in [0, 2**63) (got {seed!r})")
+    return seed
+
+
+def check_dataset(settings: dict[str, Any]) -> None:
+    """Check the dataset keys every loader shares (split fraction, subset sizes)."""
+    if "train_fraction" in settings:
+        fraction = settings["train_fraction"]
+        if not _is_number(fraction) or not 0 < fraction < 1:
+            raise ConfigError(f"dataset.train_fraction must be a number in (0, 1), so that "
+                              f"neither split is empty (got {fraction!r})")
+    for key in _DATASET_SIZES:
+        if key in settings:
+            _positive_int(f"dataset.{key}", settings[key], allow_none=True)
+
+
+def _numbers(prefix: str, node: Any):
+    """Yield (dotted key, value) for every number under ``node`` (dicts and lists)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _numbers(f"{prefix}.{key}", value)
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _numbers(f"{prefix}[{i}]", value)
+    elif _is_number(node):
+        yield prefix, node
+
+
+def check_method_numbers(optimizer: dict[str, Any] | None,
+                         settings: dict[str, Any] | None) -> None:
+    """Refuse NaN/inf optimiser values, a learning rate <= 0, and NaN method settings."""
+    for key, value in _numbers("method.optimizer", optimizer or {}):
+        if not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number (got {value!r})")
+    if optimizer and "lr" in optimizer:
+        _positive_finite("method.optimizer.lr", optimizer["lr"])
+    for key, value in _numbers("method.settings", settings or {}):
+        if math.isnan(value):
+            raise ConfigError(f"{key} must be a number (got nan)")
+
+
+def check_privacy_matches_method(method_name: str, method_private: bool,
+                                 privacy: PrivacyConfig) -> None:
+    """Refuse a private privacy option for a non-private method (one truth: privacy.enabled).
+
+    A private method with ``privacy=nonprivate`` is a non-private ablation and is allowed; a
+    non-private method under a privacy target would train without noise yet record the target.
+    """
+    if method_private or not privacy.enabled:
+        return
+    got = (f"privacy.target_epsilon={privacy.target_epsilon!r}"
+           if privacy.noise_multiplier is None
+           else f"privacy.noise_multiplier={privacy.noise_multiplier!r}")
+    raise ConfigError(f"method {method_name} is non-private; use privacy=nonprivate "
+                      f"(got privacy={privacy.name}, {got})")
 
 
 def register_schemas() -> None:

@@ -56,4 +56,12 @@ def subset_indices(n: int, size: int | None) -> np.ndarray:
 
 
 def read_failed(path: Path, err: Exception) -> DataError:
+    """Return the DataError for a file that could not be read, saying why (not always corrupt)."""
+    if isinstance(err, PermissionError):
+        return DataError(f"cannot read {path}: permission denied (check the file's owner "
+                         "and mode)")
+    if isinstance(err, IsADirectoryError):
+        return DataError(f"cannot read {path}: it is a directory, not a data file")
+    if isinstance(err, FileNotFoundError):
+        return DataError(f"cannot read {path}: the file is missing")
     return DataError(f"cannot read {path}: the file is corrupt or truncated ({err})")

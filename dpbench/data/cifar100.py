@@ -1,6 +1,6 @@
 """CIFAR-100 through torchvision (FIBER's fine-tuning benchmark): users' machines only.
 
-No offline copy exists in shared/data, so the builder reads torchvision's layout under
+No small offline copy exists (docs/data.md), so the builder reads torchvision's layout under
 ``paths.data_root`` (``cifar-100-python``) or downloads it when ``download`` is true, and
 otherwise raises a ``DataError`` that says where it looked. Normalisation uses fixed public
 constants (the usual CIFAR-100 channel statistics), never statistics of the private data.
@@ -39,13 +39,16 @@ def build_cifar100(root=None, download: bool = True, train_subset: int | None = 
     for train in (True, False):
         try:
             ds = CIFAR100(str(target), train=train, download=download)
-        except RuntimeError as err:  # "Dataset not found or corrupted" with download off
+        except RuntimeError as err:  # "Dataset not found or corrupted"
+            if download:  # downloaded, but the archive failed its checksum
+                raise DataError(f"CIFAR-100 under {target} is corrupt after the download "
+                                f"({err}); remove it and retry") from err
             raise DataError(f"CIFAR-100 not found under {target} and dataset.download is "
                             "false; set paths.data_root to a folder holding "
                             "cifar-100-python") from err
         except OSError as err:  # no network
             raise DataError(f"CIFAR-100 is not under {target} and could not be downloaded "
-                            f"({err}); it is not in shared/data: this preset is for machines "
+                            f"({err}); this preset is for machines "
                             "with internet access or a local copy (paths.data_root)") from err
         x = torch.as_tensor(ds.data).permute(0, 3, 1, 2).contiguous()
         splits.append((x, torch.as_tensor(ds.targets, dtype=torch.long), ds.classes))

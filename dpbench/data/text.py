@@ -1,7 +1,7 @@
 """GLUE text classification (SST-2, QNLI, MNLI) tokenised once with the model's tokenizer.
 
 Order of preference: the GLUE TSV files under ``<data_root>/<SST-2|QNLI|MNLI>/`` (GLUE's own
-layout, e.g. the offline copy in shared/data), else Hugging Face ``datasets`` on users'
+layout, e.g. an offline copy, docs/data.md), else Hugging Face ``datasets`` on users'
 machines. Evaluation uses GLUE's labelled dev split (``dev.tsv``; MNLI: ``dev_matched.tsv``).
 Tokenisation is the pretrained tokenizer's fixed vocabulary, padded/truncated to
 ``max_length``: nothing is fitted to the private data. CPU presets take a fixed subset

@@ -12,6 +12,12 @@ config; ``scaling: none`` leaves values as they are. The training months are nev
 constants. Test masks are drawn once from a fixed seed (the same for every run); training
 masks are drawn afresh every step by the ``ts_diffusion`` task.
 
+Privacy unit: DP-SGD protects one training *window*. With the default stride 1 an observation
+(one time step, all channels) lies in up to ``window`` overlapping windows, so the guarantee is
+per window, not per observation. ``privacy_unit: observation`` cuts non-overlapping training
+windows (stride = window), so each observation lies in exactly one window and the window
+guarantee covers it. results.json records the unit that holds (``privacy_unit``).
+
 ETT splits (Informer convention, 12/4/4 months): ETTh rows [0, 8640), [8640 - L, 11520),
 [11520 - L, 14400); ETTm the same times 4.
 """
@@ -37,6 +43,7 @@ ETT_HOURLY_BORDERS = (8640, 11520, 14400)  # ends of train, val, test (rows, hou
 MODES = ("imputation", "forecast")
 MISSING = ("random", "block")
 SCALINGS = ("public", "fixed", "none")
+PRIVACY_UNITS = ("window", "observation")
 NUM_TIME_FEATURES = 5
 
 
@@ -49,8 +56,9 @@ class WindowSpec:
     missing: str = "random"
     missing_ratio: float = 0.3
     horizon: int = 0
-    train_stride: int = 1
+    train_stride: int | None = None  # None: 1, or ``window`` for privacy_unit=observation
     test_stride: int = 24
+    privacy_unit: str = "window"  # what one DP "example" protects: window | observation
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -65,8 +73,26 @@ class WindowSpec:
         if self.mode == "forecast" and not 0 < self.horizon < self.window:
             raise ConfigError(f"dataset.horizon must be in (0, window={self.window}) for "
                               f"forecasting (got {self.horizon})")
+        if self.privacy_unit not in PRIVACY_UNITS:
+            raise ConfigError(f"dataset.privacy_unit must be one of {PRIVACY_UNITS} "
+                              f"(got {self.privacy_unit!r})")
+        if self.train_stride is None:
+            self.train_stride = self.window if self.privacy_unit == "observation" else 1
         if self.train_stride < 1 or self.test_stride < 1:
             raise ConfigError("dataset.train_stride and dataset.test_stride must be >= 1")
+        if self.privacy_unit == "observation" and self.train_stride < self.window:
+            raise ConfigError(
+                "dataset.privacy_unit=observation needs non-overlapping training windows: "
+                f"dataset.train_stride >= dataset.window = {self.window} (got "
+                f"{self.train_stride}); leave train_stride null to use the window")
+
+    def recorded_unit(self) -> str:
+        """Return the privacy unit that holds: ``observation`` if no two windows overlap."""
+        return "observation" if self.train_stride >= self.window else "window"
+
+    def windows_per_observation(self) -> int:
+        """Return the most training windows one observation lies in: ceil(window / stride)."""
+        return -(-self.window // self.train_stride)
 
 
 def time_features(dates: pd.DatetimeIndex) -> np.ndarray:
@@ -164,14 +190,18 @@ def build_series_task(name: str, frame: pd.DataFrame, columns: list[str], date_c
     train_target = draw_target_mask(train_o, spec, gen)  # replaced every step by the task
     notes = [f"{name}: values scaled with {scaling} constants"
              + (" (mean/std of the validation months, treated as public)"
-                if scaling == "public" else "")]
+                if scaling == "public" else ""),
+             f"{name}: privacy unit {spec.recorded_unit()}: one observation lies in at most "
+             f"{spec.windows_per_observation()} training window(s) (stride "
+             f"{spec.train_stride}, window {L})"]
     return TaskData(
         name=name, task=TASK,
         train=TensorDataset(train_v, train_o, train_target, train_f),
         test=TensorDataset(test_v, test_o, test_target, test_f),
         input_shape=(L, len(columns)), notes=notes,
         extras={"channels": list(columns), "loc": mu.tolist(), "scale": sd.tolist(),
-                "num_time_features": NUM_TIME_FEATURES, "window_spec": spec},
+                "num_time_features": NUM_TIME_FEATURES, "window_spec": spec,
+                "privacy_unit": spec.recorded_unit()},
     )
 
 
@@ -181,16 +211,18 @@ def _read_csv(path: Path) -> pd.DataFrame:
                         "folder that holds ETT-small/")
     try:
         return pd.read_csv(path)
+    except pd.errors.EmptyDataError as err:
+        raise DataError(f"{path} is empty (not even a header row)") from err
     except Exception as err:  # noqa: BLE001 - pandas raises many kinds on a bad file
         raise read_failed(path, err) from err
 
 
 def _ett_builder(key: str):
     def build(root=None, window: int = 24, mode: str = "imputation", missing: str = "random",
-              missing_ratio: float = 0.3, horizon: int = 0, train_stride: int = 1,
+              missing_ratio: float = 0.3, horizon: int = 0, train_stride: int | None = None,
               test_stride: int = 24, scaling: str = "public", loc=None, scale=None,
               max_train_windows: int | None = None, max_test_windows: int | None = None,
-              **_: object) -> TaskData:
+              privacy_unit: str = "window", **_: object) -> TaskData:
         """Return an ETT task with the standard 12/4/4-month split."""
         data_root = resolve_data_root(root)
         if data_root is None:
@@ -200,7 +232,7 @@ def _ett_builder(key: str):
         factor = 4 if key.startswith("ettm") else 1
         borders = tuple(b * factor for b in ETT_HOURLY_BORDERS)
         spec = WindowSpec(window, mode, missing, missing_ratio, horizon, train_stride,
-                          test_stride)
+                          test_stride, privacy_unit)
         columns = [c for c in frame.columns if c != "date"]
         return build_series_task(key, frame, columns, "date", borders, spec, scaling, loc,
                                  scale, max_train_windows, max_test_windows)
@@ -213,15 +245,59 @@ for _key in ETT_FILES:
     register_dataset(_key)(_ett_builder(_key))
 
 
+def _numeric_columns(frame: pd.DataFrame, columns: list[str], path: str) -> pd.DataFrame:
+    """Return ``frame`` with ``columns`` as floats; an empty cell is NaN (unobserved).
+
+    A cell that is present but not a number is an error naming its column and row, never a
+    reason to drop the column.
+    """
+    frame = frame.copy()
+    for col in columns:
+        values = pd.to_numeric(frame[col], errors="coerce")
+        text = frame[col].astype("string").str.strip()
+        bad = values.isna() & frame[col].notna() & (text != "")
+        if bad.any():
+            row = int(bad.to_numpy().nonzero()[0][0])
+            raise DataError(
+                f"dataset.path {path}: column {col!r} has {int(bad.sum())} non-numeric "
+                f"cell(s), first {frame[col].iloc[row]!r} in data row {row + 1}; fix the file, "
+                f"leave missing values empty, or leave the column out with dataset.columns")
+        frame[col] = values.astype(np.float32)
+    return frame
+
+
+def _check_dates(dates: pd.Series, date_column: str, path: str) -> None:
+    """Raise DataError naming the first cell of ``date_column`` that is not a date."""
+    parsed = pd.to_datetime(dates, errors="coerce")  # as build_series_task parses them
+    bad = parsed.isna()
+    if bad.any():
+        row = int(bad.to_numpy().nonzero()[0][0])
+        raise DataError(f"dataset.date_column {date_column!r} of {path} has {int(bad.sum())} "
+                        f"cell(s) that are not dates, first {dates.iloc[row]!r} in data row "
+                        f"{row + 1}")
+
+
+def _check_observed(scaling_rows: pd.DataFrame, path: str) -> None:
+    """Raise DataError for a column with no value in the rows that set the public scaling."""
+    empty = [c for c in scaling_rows.columns if scaling_rows[c].isna().all()]
+    if empty:
+        raise DataError(
+            f"dataset.path {path}: column(s) {empty} have no observed value in the validation "
+            f"rows that set dataset.scaling=public; leave them out with dataset.columns or use "
+            f"dataset.scaling=fixed with dataset.loc/dataset.scale")
+
+
 @register_dataset("csv_timeseries")
 def build_csv_timeseries(path: str | None = None, date_column: str = "date",
                          columns: list[str] | None = None,
                          split_fractions: tuple[float, float, float] = (0.6, 0.2, 0.2),
                          window: int = 24, mode: str = "imputation", missing: str = "random",
-                         missing_ratio: float = 0.3, horizon: int = 0, train_stride: int = 1,
-                         test_stride: int = 24, scaling: str = "public", loc=None, scale=None,
+                         missing_ratio: float = 0.3, horizon: int = 0,
+                         train_stride: int | None = None, test_stride: int = 24,
+                         scaling: str = "public", loc=None, scale=None,
                          max_train_windows: int | None = None,
-                         max_test_windows: int | None = None, **_: object) -> TaskData:
+                         max_test_windows: int | None = None, privacy_unit: str = "window",
+                         **_: object) -> TaskData:
     """Return a task from any CSV with a date column; chronological train/val/test split.
 
     NaN cells are unobserved (never targets, zero in the condition).
@@ -231,17 +307,23 @@ def build_csv_timeseries(path: str | None = None, date_column: str = "date",
     frame = _read_csv(Path(path).expanduser())
     if date_column not in frame.columns:
         raise ConfigError(f"dataset.date_column {date_column!r} is not a column of {path}")
-    cols = list(columns) if columns else [c for c in frame.columns if c != date_column
-                                          and pd.api.types.is_numeric_dtype(frame[c])]
+    if frame.empty:
+        raise DataError(f"dataset.path {path} has a header but no rows")
+    cols = list(columns) if columns else [c for c in frame.columns if c != date_column]
     missing_cols = [c for c in cols if c not in frame.columns]
     if missing_cols or not cols:
         raise ConfigError(f"dataset.columns {missing_cols or cols} not found in {path}")
+    frame = _numeric_columns(frame, cols, path)
+    _check_dates(frame[date_column], date_column, path)
     fr = [float(f) for f in split_fractions]
     if len(fr) != 3 or min(fr) <= 0 or abs(sum(fr) - 1) > 1e-6:
         raise ConfigError(f"dataset.split_fractions must be 3 positive numbers summing to 1 "
                           f"(got {split_fractions})")
     n = len(frame)
     borders = (int(n * fr[0]), int(n * (fr[0] + fr[1])), n)
-    spec = WindowSpec(window, mode, missing, missing_ratio, horizon, train_stride, test_stride)
+    if scaling == "public":
+        _check_observed(frame[cols].iloc[borders[0]:borders[1]], path)
+    spec = WindowSpec(window, mode, missing, missing_ratio, horizon, train_stride, test_stride,
+                      privacy_unit)
     return build_series_task(Path(path).stem, frame, cols, date_column, borders, spec, scaling,
                              loc, scale, max_train_windows, max_test_windows)

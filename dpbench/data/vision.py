@@ -3,7 +3,7 @@
 Order of preference for each data set, given ``root`` (``paths.data_root``):
 1. torchvision's own layout under root (``MNIST/raw``, ``FashionMNIST/raw``,
    ``cifar-10-batches-py``): the official train/test split;
-2. the small copies laid out as in ``shared/data`` (MNIST 10k test set, 1000 Fashion-MNIST
+2. the small offline copies of docs/data.md (MNIST 10k test set, 1000 Fashion-MNIST
    images, CIFAR-10 test JPEGs): a fixed 80/20 split of what is there, recorded in the run's
    ``data_notes``;
 3. torchvision's download (users' machines) when ``download`` is true.
@@ -64,7 +64,12 @@ def _torchvision_split(cls, root: Path | None, download: bool):
             data = ds.data if isinstance(ds.data, torch.Tensor) else torch.as_tensor(ds.data)
             out.append((data, torch.as_tensor(ds.targets, dtype=torch.long)))
         return out
-    except RuntimeError as err:  # "Dataset not found or corrupted"
+    except RuntimeError as err:  # "Dataset not found or corrupted", or "Error downloading"
+        if download:
+            raise DataError(
+                f"{cls.__name__} is not under {target} and the download failed ({err}); "
+                "check the network, or set paths.data_root (or DPBENCH_DATA_ROOT) to a folder "
+                "that holds it") from err
         log.info("torchvision %s not found under %s: %s", cls.__name__, target, err)
         return None
     except OSError as err:  # no network

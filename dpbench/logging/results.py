@@ -40,7 +40,7 @@ def base_record(cfg: DictConfig) -> dict[str, Any]:
         "dataset": cfg.dataset.name,
         "model": cfg.model.name,
         "privacy": cfg.privacy.name,
-        "seed": int(cfg.seed),
+        "seed": cfg.get("seed"),  # validated as an int before training; as given if refused
         "run_name": cfg.get("run_name"),
         "target_epsilon": cfg.privacy.get("target_epsilon"),
         "config": OmegaConf.to_container(cfg, resolve=True),

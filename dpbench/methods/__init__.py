@@ -2,7 +2,7 @@
 
 Every module in this package is imported on first lookup, so a built-in method is one module
 here plus ``conf/method/<name>.yaml``. Outside packages register through the entry-point
-group (see README, "Adding a method").
+group (see docs/adding-a-method.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Adaptive clipping by noisy quantile tracking (Andrew et al. 2021, "Differentially Private
 Learning with Adaptive Clipping", Alg. 1), optionally normalised.
 
-Per step t with threshold C_t (METHODS.md section 1):
+Per step t with threshold C_t (docs/adaptive-clipping.md):
 
 * clip: u_i -> clip_{C_t}(u_i) (sensitivity C_t) or clip_{C_t}(u_i) / C_t (``normalize``,
   sensitivity 1; Zhao et al. 2025);

@@ -1,8 +1,8 @@
 """The method plugin interface: one DP step split into stages a method may override.
 
-The loop (``dpbench.training.loop``) runs DESIGN.md's step; a method overrides only the stages
-that define it. Stages that touch raw data or privacy (per-example gradients, noise, the
-accountant) belong to the loop and are not hooks:
+The loop (``dpbench.training.loop``) runs the step of docs/adding-a-method.md; a method
+overrides only the stages that define it. Stages that touch raw data or privacy (per-example
+gradients, noise, the accountant) belong to the loop and are not hooks:
 
 ====  ==============================  =========================================================
  0    ``configure_model(model)``       model-side methods (e.g. bounded AdaLN modulation)

@@ -1,4 +1,4 @@
-"""Per-example clipping rules shared by the clipping methods (stage 5 of DESIGN.md)."""
+"""Per-example clipping rules shared by the clipping methods (stage 5, docs/adding-a-method.md)."""
 
 from __future__ import annotations
 

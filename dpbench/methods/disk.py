@@ -1,12 +1,12 @@
 """DiSK (Zhang, Bu, Balle, Hong, Razaviyayn, Mirrokni, arXiv 2410.03883): a simplified
 Kalman filter on the privatised gradient, with a two-point observation.
 
-Stages (DESIGN.md): 2 evaluation points, 4 their per-example combination (done by the loop,
-*before* clipping, so one release and no extra privacy cost), 7 the filter, 8 the base
-optimiser (any ``torch.optim`` factory from the YAML, AdamW by default).
+Stages (docs/adding-a-method.md): 2 evaluation points, 4 their per-example combination
+(done by the loop, *before* clipping, so one release and no extra privacy cost), 7 the
+filter, 8 the base optimiser (any ``torch.optim`` factory from the YAML, AdamW by default).
 
-* observation (DiSK eq. for u_t; METHODS.md sec. 2), with ``a = (1 - kappa) / (kappa gamma)``
-  and ``d_t = theta_t - theta_{t-1}``:
+* observation (DiSK eq. for u_t; docs/fiber-disk-adambc.md), with
+  ``a = (1 - kappa) / (kappa gamma)`` and ``d_t = theta_t - theta_{t-1}``:
   ``u_i = a grad f_i(theta_t + gamma d_t) + (1 - a) grad f_i(theta_t)``;
 * release (the loop): ``g_t = (sum_i clip_C(u_i) + N(0, sigma^2 C^2 I)) / B``;
 * filter, the paper's convention: ``g~_t = (1 - kappa) g~_{t-1} + kappa g_t``, g~_0 = g_0.

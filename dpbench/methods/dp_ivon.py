@@ -1,6 +1,6 @@
 """DP-IVON-Gradsq: IVON on the DP-SGD release with a noise-corrected squared-gradient curvature.
 
-METHODS.md section 3 (seed 001). Per step: sample theta = m + e / sqrt(N (h + delta)) (stage 2),
+See docs/ivon.md. Per step: sample theta = m + e / sqrt(N (h + delta)) (stage 2),
 per-example gradients at theta, clip and add noise (the loop: one Gaussian release, exactly as
 DP-SGD), then, as post-processing of the released g_dp:
 

@@ -23,7 +23,7 @@ from dpbench.methods.base import DPMethod, RunInfo, StepContext
 class AdamBC(torch.optim.Optimizer):
     """AdamW whose bias-corrected second moment has a noise variance removed.
 
-    Per coordinate at step t (Tang et al. 2024, Alg. 1; FIBER's AdamW, METHODS.md sec. 2):
+    Per coordinate at step t (Tang et al. 2024, Alg. 1; FIBER's AdamW, docs/fiber-disk-adambc.md):
 
     * ``m_t = beta1 m_{t-1} + (1 - beta1) g_t``, ``v_t = beta2 v_{t-1} + (1 - beta2) g_t^2``
     * ``m_hat = m_t / (1 - beta1^t)``, ``v_hat = v_t / (1 - beta2^t)``

@@ -2,7 +2,8 @@
 arXiv 2605.03425): DiSK's two-point observation, an innovation-space filter with its own gain
 omega, and AdamW whose second moment removes the *filtered* noise variance.
 
-Per step (METHODS.md sec. 2; all after the release is post-processing, so epsilon is DP-AdamW's):
+Per step (docs/fiber-disk-adambc.md; all after the release is post-processing, so epsilon is
+DP-AdamW's):
 
 * observation (kappa, gamma) as DiSK, combined per example before clipping (``disk.py``);
 * innovation filter: ``nu_t = g_t - g~_{t-1}``, ``r_t = (1 - omega) r_{t-1} + omega nu_t``,

@@ -39,7 +39,7 @@ HESS_ESTIMATES = ("reparam", "gradsq")
 def noise_corrected_square(g: torch.Tensor, noise_var: float) -> torch.Tensor:
     """Return g^2 - sigma_w^2: unbiased for the clean g_0^2 when g = g_0 + N(0, sigma_w^2).
 
-    E[(g_0 + w)^2] = g_0^2 + sigma_w^2 (METHODS.md section 3); the projection max(., 0) that
+    E[(g_0 + w)^2] = g_0^2 + sigma_w^2 (docs/ivon.md); the projection max(., 0) that
     follows makes the estimate non-negative (and biased up where |g_0| << sigma_w).
     """
     return g.square() - noise_var
@@ -195,7 +195,7 @@ class IVON(DPMethod):
         """Return S posterior samples theta_s = m + e_s / sqrt(lambda (h + delta)), weight 1/S.
 
         The loop averages the S gradients per example before clipping, so S > 1 costs no
-        privacy (METHODS.md section 3). The offsets are kept for the reparameterised estimate.
+        privacy (docs/ivon.md). The offsets are kept for the reparameterised estimate.
         """
         s = self.settings["mc_samples"]
         self._offsets = [self.ivon.sample_offsets(ctx.method_generator) for _ in range(s)]
@@ -216,7 +216,7 @@ class IVON(DPMethod):
         """Return lambda * v_hat, v_hat = max(g^2 - sigma_w^2, 0) (corrected) or g^2.
 
         sigma_w^2 = (sigma C / B)^2 = ``ctx.noise_std ** 2`` is the per-coordinate variance of
-        the privacy noise in g (METHODS.md section 3); it is 0 for a non-private run.
+        the privacy noise in g (docs/ivon.md); it is 0 for a non-private run.
         """
         noise_var = ctx.noise_std ** 2 if self.settings["correction"] else 0.0
         v_hat = [noise_corrected_square(g, noise_var).clamp(min=0.0) for g in grads]

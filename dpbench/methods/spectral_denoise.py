@@ -1,4 +1,4 @@
-"""Spectral gradient denoising (Dadsetan and Rudzicz, arXiv 2510.01137; METHODS.md section 4).
+"""Spectral gradient denoising (Dadsetan and Rudzicz, arXiv 2510.01137; docs/dp-lora-spectral.md).
 
 After the Gaussian release every selected 2-D gradient G~ (n x m) = G + E, E_ij ~ N(0, s^2)
 with s = sigma C / B (``ctx.noise_std``), is denoised by Gavish-Donoho optimal shrinkage of its
@@ -49,7 +49,7 @@ def denoise_matrices(noisy: torch.Tensor, noise_std: float, kappa: float = 1.0
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (denoised [k, n, m], gate passed [k]) for a stack of k noisy n x m gradients.
 
-    Per matrix (METHODS.md section 4): batched fp32 SVD; if the top singular value is
+    Per matrix (docs/dp-lora-spectral.md): batched fp32 SVD; if the top singular value is
     <= kappa * s * (sqrt n + sqrt m) the matrix is returned unchanged; else every singular value
     is shrunk by :func:`optimal_shrinkage`, the matrix rebuilt U diag(s') V^T and rescaled to
     ||G~||_F (norm-preserving). A matrix whose shrunk values are all zero is left unchanged.

@@ -2,8 +2,8 @@
 
 Stock torchvision ResNet-18 passes Opacus's ModuleValidator and then fails in every
 grad-sample mode ("Output 0 of BackwardHookFunction is a view and is being modified
-inplace"): its in-place ReLU and ``out += identity`` must be out-of-place (DESIGN.md,
-pitfalls). BatchNorm mixes examples, so it becomes GroupNorm(32 groups).
+inplace"): its in-place ReLU and ``out += identity`` must be out-of-place (docs/reliability.md,
+models). BatchNorm mixes examples, so it becomes GroupNorm(32 groups).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ ACCOUNTANTS = ("prv", "rdp", "gdp")
 
 
 def default_delta(dataset_size: int) -> float:
-    """Return min(1e-5, 1/N') with N' = N rounded up to a power of ten (METHODS.md, core)."""
+    """Return min(1e-5, 1/N') with N' = N rounded up to a power of ten (docs/privacy.md)."""
     rounded = 10 ** math.ceil(math.log10(max(dataset_size, 1)))
     return min(1e-5, 1.0 / rounded)
 

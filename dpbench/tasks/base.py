@@ -44,6 +44,14 @@ class Task:
         """Return per-step diagnostics to log (e.g. from observed gradients)."""
         return {}
 
+    def diagnostics_summary(self) -> dict[str, Any]:
+        """Return training diagnostics gathered since the last call (e.g. gradient norms); reset.
+
+        They are computed on private data and are *not* privatised: the loop stores them under
+        results.json's ``private_diagnostics``, never in the headline ``metrics``.
+        """
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """Return task state a resumed run needs (e.g. accumulated diagnostics)."""
         return {}

@@ -16,8 +16,9 @@ with the predicted x_0 clamped to +-``clip_denoised`` scaled units (the referenc
 metrics in ``ts_metrics`` on the original scale.
 Gradient diagnostics (private runs, ``gradient_diagnostics: true``): per-example norms of the
 conditioning pathway (condition encoder + modulation layers) and of the rest, the clip rate
-and clip severity, logged per step and summarised at each evaluation. They are computed on
-private data and are not privatised: diagnostics only, like the training loss.
+and clip severity, logged per step and summarised at each evaluation into results.json's
+``private_diagnostics`` (never ``metrics``). They are computed on private data and are not
+privatised: diagnostics only, like the training loss.
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ class TimeSeriesDiffusion(Task):
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader: Any, device: torch.device,
                  predict: Any = None) -> dict[str, Any]:
-        """Return RMSE/MAE/MAPE/CRPS/JS/ACF distance on the original scale (+ diagnostics)."""
+        """Return RMSE/MAE/MAPE/CRPS/JS/ACF distance on the original scale (test data only)."""
         was_training = model.training
         model.eval()
         gen = stream_generator(self.eval_seed, "task_eval", device)
@@ -176,9 +177,7 @@ class TimeSeriesDiffusion(Task):
             samples.append(draw.cpu())
         model.train(was_training)
         y_scaled, mask, s_scaled = torch.cat(ys), torch.cat(masks), torch.cat(samples, dim=1)
-        metrics = self.metrics(s_scaled, y_scaled, mask)
-        metrics.update(self.diagnostics_summary())
-        return metrics
+        return self.metrics(s_scaled, y_scaled, mask)
 
     def unscale(self, x: torch.Tensor) -> torch.Tensor:
         """Return values on the original scale: x * scale + loc (per channel)."""

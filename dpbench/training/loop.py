@@ -1,6 +1,6 @@
 """THE loop: Poisson sampling, the method's stages, the Gaussian release, the accountant.
 
-One logical step (DESIGN.md): sample a Poisson batch -> ``private_release`` (per-example
+One logical step (docs/privacy.md): sample a Poisson batch -> ``private_release`` (per-example
 gradients at the method's evaluation points, combination, clipping, noise, extra queries) ->
 ledger + accountant -> ``method.postprocess`` -> ``method.update`` -> ``method.after_step``.
 The loop knows neither the task nor the logging sinks; both come in from outside.
@@ -54,6 +54,13 @@ from dpbench.utils.seeding import seed_everything, stream_generator, stream_seed
 from dpbench.utils.stats import quantile_summary
 
 log = logging.getLogger(__name__)
+
+
+#: what results.json says about ``private_diagnostics`` (see docs/privacy-unit-and-streams.md)
+PRIVATE_DIAGNOSTICS_NOTE = (
+    "NOT PRIVATISED: computed on the training data without noise (e.g. per-example gradient "
+    "norms). Not covered by epsilon; do not publish. Headline metrics are computed on test "
+    "data or from released (noisy) quantities only.")
 
 
 class Callback:
@@ -206,6 +213,7 @@ class Trainer:
         self.epoch = 0
         self.history: list[dict[str, Any]] = []
         self.step_history: list[dict[str, Any]] = []  # evaluations every eval_every_steps
+        self.private_history: list[dict[str, Any]] = []  # un-privatised task diagnostics
         self.wall_time_s = 0.0
         self.skipped_steps = 0
         self._resume_checked = self._resumed = False
@@ -305,6 +313,12 @@ class Trainer:
     def evaluate(self) -> dict[str, Any]:
         return self.method.evaluate(self.task, self.model, self.test_loader, self.device)
 
+    def _collect_diagnostics(self, where: dict[str, int]) -> None:
+        """Append the task's un-privatised diagnostics since the last evaluation (if any)."""
+        diagnostics = self.task.diagnostics_summary()
+        if diagnostics:
+            self.private_history.append({**where, **diagnostics})
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "fingerprint": self.fingerprint, "epoch": self.epoch, "step": self.step,
@@ -312,7 +326,7 @@ class Trainer:
             "task": self.task.state_dict(),
             "accountant": self.accountant.state_dict() if self.accountant else None,
             "ledger": self.ledger.state_dict(), "history": self.history,
-            "step_history": self.step_history,
+            "step_history": self.step_history, "private_history": self.private_history,
             "generators": {name: g.get_state() for name, g in self.generators.items()},
             "rng": rng_state(),
             "wall_time_s": self.wall_time_s, "skipped_steps": self.skipped_steps,
@@ -334,6 +348,7 @@ class Trainer:
         self.ledger.load_state_dict(state["ledger"])
         self.history = list(state["history"])
         self.step_history = list(state.get("step_history", []))
+        self.private_history = list(state.get("private_history", []))
         for name, saved in state["generators"].items():
             generator = self.generators[name]
             generator.set_state(saved.to(generator.get_state().device))
@@ -381,6 +396,7 @@ class Trainer:
                 if every and self.step % every == 0:
                     self.step_history.append({"step": self.step, "epsilon": self.epsilon(),
                                               **self.evaluate()})
+                    self._collect_diagnostics({"step": self.step})
             self.epoch += 1
             self.wall_time_s += time.perf_counter() - start
             last = self.epoch == self.settings.epochs
@@ -388,6 +404,7 @@ class Trainer:
                                    "epsilon": self.epsilon()}
             if last or self.epoch % self.settings.eval_every == 0:
                 row.update(self.evaluate())
+                self._collect_diagnostics({"epoch": self.epoch, "step": self.step})
             self.history.append(row)
             if self.settings.checkpoint and self.checkpoint_path is not None:
                 save_checkpoint(self.checkpoint_path, self.state_dict())
@@ -397,6 +414,13 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_run_end(self, result)
         return result
+
+    def private_diagnostics(self) -> dict[str, Any]:
+        """Return the un-privatised training diagnostics, apart from the headline metrics."""
+        final = self.private_history[-1] if self.private_history else {}
+        return {"note": PRIVATE_DIAGNOSTICS_NOTE,
+                "final": {k: v for k, v in final.items() if k not in ("epoch", "step")},
+                "history": self.private_history}
 
     def summary(self) -> dict[str, Any]:
         """Return the run's privacy facts, final metrics and history."""
@@ -417,9 +441,12 @@ class Trainer:
             "accountant": self.accountant.mechanism if self.accountant else None,
             "clip_norm": self.clip_norm if self.plan.private else None,
             "dataset_size": len(self.data.train),
+            # what one "example" of epsilon protects (time series: window or observation)
+            "privacy_unit": self.data.extras.get("privacy_unit", "example"),
             "metrics": metrics,
             "history": self.history,
             "step_history": self.step_history,
+            "private_diagnostics": self.private_diagnostics(),
             "privacy_ledger": self.ledger.to_json(),
             "method_summary": self.method.summary(),
             "wall_time_s": self.wall_time_s,

@@ -3,7 +3,7 @@
 This module and the accountant are the only code that touches raw data or noise. Methods
 supply evaluation points, clip factors and extra queries; the release is always
 ``g = (sum_i w_i u_i + N(0, (sigma_g S)^2 I)) / B`` with S the method's sensitivity and B the
-*expected* batch size (METHODS.md, shared core).
+*expected* batch size (docs/privacy.md).
 """
 
 from __future__ import annotations
@@ -104,12 +104,14 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
                     for c, g in zip(combined, grads):
                         c.add_(g, alpha=point.weight)
             norms = flat_norms(combined)
-            kept = (torch.isfinite(norms) & torch.isfinite(loss)).cpu()
+            kept = torch.isfinite(norms).cpu()
+            # rows past the losses have none (the audit appends canary gradients)
+            kept[:len(loss)] &= torch.isfinite(loss).cpu()
             if not bool(kept.all()):  # a non-finite example is dropped (contributes 0)
                 for c in combined:
                     c[~kept.to(c.device)] = 0.0
                 norms = torch.where(kept.to(norms.device), norms, torch.zeros_like(norms))
-                loss = loss[kept.to(loss.device)]
+                loss = loss[kept[:len(loss)].to(loss.device)]
             if task.observes_gradients and bool(kept.any()):  # diagnostics only (off by default)
                 task.observe_per_example_gradients(
                     {k: g[kept.to(g.device)] for k, g in zip(engine.names, combined)},

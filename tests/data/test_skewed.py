@@ -9,6 +9,7 @@ import torch
 from dpbench.data.skewed import build_skewed_mnist, skew_indices
 from dpbench.data.vision import build_mnist
 from dpbench.errors import ConfigError
+from tests.fixtures.synthetic import write_mnist_copy
 
 
 def test_skew_indices_counts():
@@ -18,9 +19,10 @@ def test_skew_indices_counts():
     assert kept[3] == 10 and all(kept[c] == 50 for c in range(10) if c != 3)
 
 
-def test_skewed_mnist_counts_and_untouched_test(shared_data):
-    base = build_mnist(root=shared_data, download=False)
-    skewed = build_skewed_mnist(root=shared_data, download=False, skew_class=8,
+def test_skewed_mnist_counts_and_untouched_test(tmp_path):
+    write_mnist_copy(tmp_path, n=400)
+    base = build_mnist(root=tmp_path, download=False)
+    skewed = build_skewed_mnist(root=tmp_path, download=False, skew_class=8,
                                 keep_fraction=0.25)
     yb, ys = base.train.tensors[1], skewed.train.tensors[1]
     before, after = torch.bincount(yb, minlength=10), torch.bincount(ys, minlength=10)

@@ -11,12 +11,13 @@ from dpbench.data import get_dataset_builder
 from dpbench.data.timeseries import WindowSpec, draw_target_mask
 from dpbench.errors import ConfigError
 from dpbench.tasks.ts_diffusion import TimeSeriesDiffusion
+from tests.fixtures.synthetic import write_ett
 
 
-def test_etth1_split_windows_and_public_scaling(shared_data):
-    data = get_dataset_builder("etth1")(root=shared_data, window=24, train_stride=24,
+def test_etth1_split_windows_and_public_scaling(tmp_path):
+    frame = write_ett(tmp_path, "etth1")
+    data = get_dataset_builder("etth1")(root=tmp_path, window=24, train_stride=24,
                                         test_stride=24)
-    frame = pd.read_csv(shared_data / "ETT-small" / "ETTh1.csv")
     raw = frame.drop(columns="date").to_numpy(np.float32)
     val = raw[8640:11520]
     np.testing.assert_allclose(data.extras["loc"], val.mean(axis=0), rtol=1e-4, atol=1e-4)
@@ -85,11 +86,17 @@ def test_targets_never_reach_the_condition(tmp_path):
                            model.condition(step, pv, pm, feats))
 
 
-def test_ettm1_reads_the_gzip_and_uses_four_times_the_rows(shared_data):
-    data = get_dataset_builder("ettm1")(root=shared_data, window=96, train_stride=96,
+def test_ettm1_reads_the_gzip_and_uses_four_times_the_rows(tmp_path):
+    frame = write_ett(tmp_path, "ettm1")
+    data = get_dataset_builder("ettm1")(root=tmp_path, window=96, train_stride=96,
                                         test_stride=96, mode="forecast", horizon=24)
     assert len(data.train) == 34560 // 96 and len(data.test) == (11520 + 96) // 96
     target = data.test.tensors[2]
     assert float(target[:, -24:].mean()) == 1.0 and float(target[:, :-24].sum()) == 0.0
+    val = frame.drop(columns="date").to_numpy(np.float32)[34560:46080]
+    np.testing.assert_allclose(data.extras["loc"], val.mean(axis=0), rtol=1e-4, atol=1e-4)
+    minutes = data.train.tensors[3][0, :4, 0]  # minute-of-hour feature: 0, 15, 30, 45
+    np.testing.assert_allclose(minutes.numpy(), np.array([0, 15, 30, 45]) / 59.0 - 0.5,
+                               atol=1e-6)
     with pytest.raises(ConfigError):
         get_dataset_builder("ettm1")(root=None)

@@ -6,13 +6,15 @@ import torch
 
 from dpbench.experiment import build_trainer
 from tests.conftest import compose_config
+from tests.fixtures.synthetic import write_sst2
 
 
-def test_tiny_causal_lm_lora_trains_and_generates(shared_data, monkeypatch):
+def test_tiny_causal_lm_lora_trains_and_generates(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    write_sst2(tmp_path, n_train=40, n_dev=10)
     cfg = compose_config(
         "method=spectral_denoise", "dataset=sst2_gen", "model=causal_lm_lora",
-        f"paths.data_root={shared_data}", "dataset.train_size=32", "dataset.test_size=8",
+        f"paths.data_root={tmp_path}", "dataset.train_size=32", "dataset.test_size=8",
         "dataset.max_source_length=12", "dataset.max_target_length=2", "trainer.batch_size=16",
         "trainer.epochs=1", "trainer.checkpoint=false", "privacy.noise_multiplier=1.0",
         "privacy.accountant=rdp", "method.optimizer.lr=0.05")

@@ -14,6 +14,7 @@ from dpbench.models.transformer_lora import minilm_lora
 from dpbench.training.per_example import PerExampleGradients
 from dpbench.utils.pretrained import from_pretrained
 from tests.conftest import compose_config
+from tests.fixtures.synthetic import write_sst2
 
 TINY = ["dataset=sst2", "model=minilm_lora", "dataset.train_size=48", "dataset.test_size=16",
         "dataset.max_length=12", "trainer.batch_size=16", "trainer.epochs=1",
@@ -33,10 +34,11 @@ def test_hub_model_offline_is_a_clear_data_error(monkeypatch):
         from_pretrained(AutoConfig, "roberta-base")
 
 
-def test_lora_model_trains_end_to_end_offline(shared_data, monkeypatch):
+def test_lora_model_trains_end_to_end_offline(tmp_path, monkeypatch):
     """One DP epoch of spectral_denoise: LoRA factors and head change, the encoder does not."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    cfg = compose_config("method=spectral_denoise", f"paths.data_root={shared_data}",
+    write_sst2(tmp_path, n_train=60, n_dev=20)
+    cfg = compose_config("method=spectral_denoise", f"paths.data_root={tmp_path}",
                          "trainer.eval_every_steps=1", *TINY)
     trainer = build_trainer(cfg, None)
     names = dict(trainer.model.named_parameters())
@@ -52,12 +54,13 @@ def test_lora_model_trains_end_to_end_offline(shared_data, monkeypatch):
     assert result["method_summary"]["denoised_matrices"] == 24
 
 
-def test_lora_per_example_gradients_exact_and_ghost_matches(shared_data):
+def test_lora_per_example_gradients_exact_and_ghost_matches(tmp_path):
     """Opacus's per-example LoRA grads equal one-by-one autograd; ghost gives the same sum."""
     from dpbench.data.text import build_glue
     from dpbench.tasks.text import TextClassification
 
-    data = build_glue("sst2", root=shared_data, max_length=12, train_size=3, test_size=1)
+    write_sst2(tmp_path, n_train=10, n_dev=4)
+    data = build_glue("sst2", root=tmp_path, max_length=12, train_size=3, test_size=1)
     batch = data.train.tensors
     task = TextClassification(data)
     torch.manual_seed(0)

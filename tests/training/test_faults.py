@@ -113,9 +113,24 @@ def test_nan_skip_skips_the_update_but_accounts_the_step(tmp_path):
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
 
 
+class NaNAfterStepSGD(torch.optim.SGD):
+    """SGD whose every step leaves NaN weights: a fault (``lr=nan`` is refused at setup)."""
+
+    def step(self, closure=None):
+        out = super().step(closure)
+        with torch.no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.fill_(math.nan)
+        return out
+
+
+NAN_SGD = f"method.optimizer._target_={__name__}.NaNAfterStepSGD"
+
+
 def test_nan_through_the_cli_exits_1_with_a_failed_record(tmp_path, monkeypatch, capfd):
     run_dir = tmp_path / "run"
-    code = run_cli(_hydra_entry, [*RUN, "trainer.epochs=1", "method.optimizer.lr=nan",
+    code = run_cli(_hydra_entry, [*RUN, "trainer.epochs=1", NAN_SGD,
                                   f"hydra.run.dir={run_dir}"], monkeypatch)
     assert code == 1
     assert "non-finite released gradient or update" in capfd.readouterr().err
@@ -168,24 +183,26 @@ def test_a_failing_sweep_job_does_not_stop_the_others(tmp_path, monkeypatch):
     sweep = tmp_path / "sweep"
     code = run_cli(_hydra_entry, [
         "-m", "model.hidden=16", "trainer.epochs=1", "trainer.batch_size=64,5000",
-        "method.optimizer.lr=0.5,nan", "trainer.device=cpu,cuda:99",
+        f"method.optimizer._target_=torch.optim.SGD,{__name__}.NaNAfterStepSGD",
+        "trainer.device=cpu,cuda:99",
         f"hydra.sweep.dir={sweep}"], monkeypatch, quiet=("logger=none", "trainer.progress=false"))
     assert code == 0
     records = {}
     for path in sweep.glob("*/results.json"):
         cfg = (r := json.loads(path.read_text()))["config"]
-        records[(cfg["trainer"]["batch_size"], str(cfg["method"]["optimizer"]["lr"]),
-                 cfg["trainer"]["device"])] = r
+        optimizer = cfg["method"]["optimizer"]["_target_"].rsplit(".")[-1]
+        records[(cfg["trainer"]["batch_size"], optimizer, cfg["trainer"]["device"])] = r
     assert len(records) == 8  # every job left a record
-    assert records[(64, "0.5", "cpu")]["status"] == "completed"
-    nan = records[(64, "None", "cpu")]  # NaN is stored as null
+    assert records[(64, "SGD", "cpu")]["status"] == "completed"
+    nan = records[(64, "NaNAfterStepSGD", "cpu")]
     assert nan["status"] == "failed" and nan["error"].startswith("TrainingDiverged")
-    for lr in ("0.5", "None"):
-        crash = records[(64, lr, "cuda:99")]
+    for opt in ("SGD", "NaNAfterStepSGD"):
+        crash = records[(64, opt, "cuda:99")]
         assert crash["status"] == "failed" and crash["failed_stage"] == "setup"
-        for device in ("cpu", "cuda:99"):
-            bad = records[(5000, lr, device)]
-            assert bad["status"] == "failed" and "trainer.batch_size must be <= N" in bad["error"]
+        bad = records[(5000, opt, "cpu")]
+        assert bad["status"] == "failed" and "trainer.batch_size must be <= N" in bad["error"]
+        # a missing device is refused first, before the data-dependent batch check
+        assert "trainer.device=cuda:99" in records[(5000, opt, "cuda:99")]["error"]
     from dpbench.report import build_report
 
     _, markdown = build_report(sweep)  # the report lists the failures with their errors

@@ -1,0 +1,38 @@
+"""What every ``results.json`` must hold for reports and outside checkers (a test helper)."""
+
+from __future__ import annotations
+
+import math
+
+#: top-level keys a results record always carries, whatever the method
+REQUIRED_KEYS = ("method", "dataset", "model", "seed", "target_epsilon", "epsilon", "delta",
+                 "noise_multiplier", "sample_rate", "steps", "accountant", "metrics",
+                 "wall_time_s", "status")
+
+
+def contract_problems(record: dict) -> list[str]:
+    """Return what is wrong with ``record`` (empty when it meets the contract).
+
+    A failed run only has to say so; a finished private run needs a finite epsilon within its
+    target, delta in (0, 1), a sampling rate in (0, 1] and a positive noise multiplier.
+    """
+    problems = [f"missing {key}" for key in REQUIRED_KEYS if key not in record]
+    if problems or record["status"] in ("failed", "error"):
+        return problems
+    if not isinstance(record["metrics"], dict) or not record["metrics"]:
+        problems.append("no metrics")
+    if record["method"] == "nonprivate":
+        return problems
+    epsilon, target = record["epsilon"], record["target_epsilon"]
+    if not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon):
+        problems.append("a private run without a finite epsilon")
+    elif isinstance(target, (int, float)) and math.isfinite(target) and \
+            epsilon > target * (1 + 1e-6):
+        problems.append(f"epsilon {epsilon} above its target {target}")
+    if not 0 < record["delta"] < 1:
+        problems.append(f"delta {record['delta']} outside (0, 1)")
+    if not 0 < record["sample_rate"] <= 1:
+        problems.append(f"sample rate {record['sample_rate']} outside (0, 1]")
+    if not record["noise_multiplier"] or record["noise_multiplier"] <= 0:
+        problems.append("a private run without noise")
+    return problems
