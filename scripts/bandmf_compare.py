@@ -70,6 +70,8 @@ def overhead(preset: list[str], bands: int, steps: int = 5, reps: int = 5) -> di
 def summarise(out: Path) -> str:
     """Return the markdown table: per (method, epsilon) the lr picked on validation, test acc."""
     rows = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    unique = {(r["method"], r["eps"], r["lr"], r["seed"]): r for r in reversed(rows)}
+    rows = list(unique.values())  # workers sharing a folder may repeat a run: keep the first
     by: dict[tuple, dict[float, list[dict]]] = {}
     for r in rows:
         by.setdefault((r["method"], r["eps"]), {}).setdefault(r["lr"], []).append(r)
