@@ -227,8 +227,11 @@ class AuditTrainer(Trainer):
             self.method = BrokenMechanism(self.method, audit.break_mechanism)
 
     def train_step(self, batch: Any) -> dict[str, float]:
+        b = self.plan.bands  # canaries are sampled like data: cyclic Poisson when b > 1
         sampled = torch.rand(len(self.included), generator=self.canary_sampler) < (
-            self.plan.sample_rate)
+            b * self.plan.sample_rate)
+        if b > 1:  # canary i lives in partition i mod b, sampled only on its steps
+            sampled &= torch.arange(len(self.included)) % b == self.step % b
         self.engine.active = torch.nonzero(self.included & sampled).flatten().tolist()
         try:
             return super().train_step(batch)

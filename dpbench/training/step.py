@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 import torch
 
 from dpbench.errors import PrivacyError
-from dpbench.methods.base import DPMethod, ExtraQuery, StepContext, gradient_queries
+from dpbench.methods.base import (
+    DPMethod,
+    ExtraQuery,
+    NoiseShaper,
+    StepContext,
+    gradient_queries,
+)
 from dpbench.privacy.ledger import Query
 from dpbench.tasks.base import Task
 from dpbench.training.batches import batch_size, physical_chunks, select_rows
@@ -147,18 +153,23 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
 
 
 def private_release(method: DPMethod, engine: PerExampleGradients, task: Task, batch,
-                    ctx: StepContext, sigma: float, max_physical: int | None, *,
+                    ctx: StepContext, sigma: float, max_physical: int | None,
+                    noise_shaper: NoiseShaper | None = None, *,
                     check_sensitivity: bool = True) -> Release:
-    """Return the noisy mean gradient and extra queries of one logical step."""
+    """Return the noisy mean gradient and extra queries of one logical step.
+
+    ``noise_shaper`` (the method's, e.g. BandMF's C^{-1} recursion) maps the step's i.i.d.
+    gradient noise to the noise released; None releases it as drawn (DP-SGD).
+    """
     agg = clipped_aggregate(method, engine, task, batch, ctx, sigma, max_physical,
                             check_sensitivity=check_sensitivity)
     sums, extra_sums, extra_specs, queries = agg.sums, agg.extra_sums, agg.extra_specs, agg.queries
     grad_std = queries[0].noise_std
-    released = []
-    for s in sums:
-        noise = torch.normal(0.0, grad_std, size=s.shape, device=s.device,
-                             generator=ctx.generator)
-        released.append((s + noise) / ctx.expected_batch_size)
+    noises = [torch.normal(0.0, grad_std, size=s.shape, device=s.device,
+                           generator=ctx.generator) for s in sums]
+    if noise_shaper is not None:
+        noises = noise_shaper(noises)
+    released = [(s + noise) / ctx.expected_batch_size for s, noise in zip(sums, noises)]
     noisy_extras = {}
     for name, q in extra_specs.items():
         value = torch.as_tensor(extra_sums.get(name, 0.0), device=sums[0].device,
