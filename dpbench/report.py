@@ -43,9 +43,10 @@ def audit_summary(frame: pd.DataFrame) -> pd.DataFrame | None:
     if "epsilon_lower" not in frame or not frame["epsilon_lower"].notna().any():
         return None
     audited = frame[frame["epsilon_lower"].notna()]
+    audited = audited.assign(audit_power=audited.get("audit_power"))  # older records lack it
     return audited.groupby(["label", "dataset", "model"], dropna=False).agg(
         epsilon_claimed=("epsilon_claimed", _fmt), epsilon_lower=("epsilon_lower", _fmt),
-        runs=("epsilon_lower", "size"))
+        audit_power=("audit_power", _fmt), runs=("epsilon_lower", "size"))
 
 
 def build_report(root: str | Path, metric: str = "accuracy",

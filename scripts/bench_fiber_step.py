@@ -1,4 +1,4 @@
-"""Wall-clock per DP step of FIBER and DiSK relative to DP-AdamW, measured in one process.
+"""Wall-clock per DP step of FIBER, DiSK and BandMF relative to DP-AdamW, in one process.
 
 All methods train the same model on the same pre-drawn Poisson batches. After a warm-up (which
 also gives the two-point methods a non-zero displacement d, so they take both evaluations),
@@ -23,7 +23,7 @@ import torch
 from dpbench.config.compose import compose_config
 from dpbench.experiment import build_trainer
 
-METHODS = ("dpadamw", "disk", "fiber")
+METHODS = ("dpadamw", "disk", "fiber", "bandmf")
 DEFAULTS = ["logger=none", "trainer.progress=false", "trainer.checkpoint=false"]
 
 

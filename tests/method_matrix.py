@@ -52,6 +52,7 @@ METHOD_TEST_CONFIGS: dict[str, tuple[str, ...]] = {
     "spectral_denoise": TEXT,
     "dp_adaln": TIME_SERIES,
     "dp_vanilla": TIME_SERIES,
+    "bandmf": (),
 }
 
 

@@ -165,8 +165,8 @@ SETTINGS_ROWS = [
     ("lr=0", ["method.optimizer.lr=0"], "method.optimizer.lr must be a finite number > 0"),
     ("momentum=inf", ["method.optimizer.momentum=inf"],
      "method.optimizer.momentum must be a finite number"),
-    ("setting=nan", ["method=ivon", "method.settings.eval_samples=nan"],
-     "method.settings.eval_samples must be a number"),
+    ("setting=nan", ["method=adaclip", "method.settings.clip_lr=nan"],
+     "method.settings.clip_lr must be a number"),
     ("train_subset=-5", ["dataset=mnist", "paths.data_root=/nonexistent/dpbench",
                          "dataset.download=false", "dataset.train_subset=-5"],
      "dataset.train_subset must be an integer >= 1 or null (got -5)"),
@@ -301,7 +301,7 @@ def test_unreadable_checkpoint_is_one_line(damage, monkeypatch, tmp_path, capfd)
     code, output = _cli(monkeypatch, capfd, "trainer.resume=true", "privacy=nonprivate",
                         f"hydra.run.dir={run_dir}")
     assert code == DPBENCH, output
-    _one_line_error(output, f"cannot resume from {ckpt}: the checkpoint is unreadable")
+    _one_line_error(output, f"the checkpoint {ckpt} is corrupt or truncated")
     assert _snapshot(run_dir) == before
 
 

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
+import numpy as np
 import pytest
+import torch
 from opacus.accountants import RDPAccountant
 
-from dpbench.hpo import composed_epsilon, random_search, sample_trials
+import dpbench.hpo
+from dpbench.errors import ConfigError, TrainingDiverged
+from dpbench.hpo import composed_epsilon, random_search, sample_trials, search_streams
+from dpbench.privacy import PrivacyAccountant
+from dpbench.privacy.composition import compose_ledgers
+from dpbench.training.loop import Trainer
+
+#: a tiny private search: digits, logistic regression, one epoch, a fixed sigma
+TINY_SEARCH = ["logger=none", "trainer.progress=false", "trainer.checkpoint=false",
+               "trainer.device=cpu", "dataset=digits", "model=logreg", "method=dpsgd",
+               "trainer.epochs=1", "privacy=sigma", "privacy.noise_multiplier=1.0"]
+SAME_B = [{"method.optimizer.lr": 0.5, "trainer.batch_size": 100}] * 2
 
 
 def test_sample_trials_in_ranges_and_reproducible():
@@ -35,7 +49,8 @@ def test_random_search_accounts_every_trial():
     out = random_search(base, trials, "worst_class_accuracy")
     ledgers = [r["privacy_ledger"] for r in out["trials"]]
     assert len(ledgers) == 2 and all(ledgers)
-    assert out["search_epsilon"] == pytest.approx(composed_epsilon(ledgers, out["search_delta"]))
+    assert out["search_epsilon"] == pytest.approx(composed_epsilon(
+        ledgers, out["search_delta"], out["search_accountant"]))
     assert out["search_epsilon"] > max(out["per_trial_epsilon"])
     best = out["best"]
     assert best["validation"]["worst_class_accuracy"] == max(
@@ -48,3 +63,94 @@ def test_methods_share_lr_and_batch_draws():
     without = sample_trials(10, 5, (1.0, 10.0), [1, 2, 3], None)
     strip = [{k: v for k, v in t.items() if k != "method.settings.clip_floor"} for t in with_floor]
     assert strip == without
+
+
+def test_trials_get_distinct_spawned_seeds_apart_from_the_draws():
+    draws, seeds = search_streams(7, 50)
+    assert len(set(seeds)) == 50 and all(0 <= s < 2**63 for s in seeds)
+    assert (draws, seeds) != search_streams(8, 50) and seeds == search_streams(7, 50)[1]
+    # the draws are a stream of their own: no trial and not the master seed itself
+    assert draws not in seeds and 7 not in seeds and draws != 7
+
+
+def test_two_trials_draw_independent_noise_and_batches(monkeypatch):
+    """Equal batch size, equal lr: the trials' noise is uncorrelated and their batches differ.
+
+    With one shared seed the two trials drew identical noise (correlation 1) and identical
+    Poisson batches, so the difference of their releases cancelled the noise.
+    """
+    noise: list[torch.Tensor] = []
+    batches: list[int] = []
+    normal, step = torch.normal, Trainer.train_step
+
+    def record_normal(*args, **kwargs):
+        out = normal(*args, **kwargs)
+        if out.numel() > 1:  # the gradient noise (extra queries are scalars)
+            noise.append(out.detach().flatten() / float(args[1]))
+        return out
+
+    def record_step(self, batch):
+        metrics = step(self, batch)
+        batches.append(int(metrics["private"]["batch_size"]))
+        return metrics
+
+    monkeypatch.setattr(torch, "normal", record_normal)
+    monkeypatch.setattr(Trainer, "train_step", record_step)
+    out = random_search(TINY_SEARCH, SAME_B, "accuracy")
+    assert len(set(out["trial_seeds"])) == 2
+    steps = len(batches) // 2
+    assert steps >= 10 and len(noise) % 2 == 0
+    per_trial = len(noise) // 2
+    a, b = (torch.cat(noise[:per_trial]), torch.cat(noise[per_trial:]))
+    corr = float(torch.corrcoef(torch.stack([a, b]))[0, 1])
+    per_step = [float(torch.corrcoef(torch.stack([x, y]))[0, 1])
+                for x, y in zip(a.chunk(steps), b.chunk(steps))]
+    assert abs(corr) < 0.05, corr
+    assert float(np.median(np.abs(per_step))) < 0.1 and max(map(abs, per_step)) < 0.2
+    assert batches[:steps] != batches[steps:]  # different Poisson batches at equal B
+
+
+def test_a_failed_trial_keeps_its_ledger_in_the_search_epsilon(monkeypatch):
+    """Trial 1 diverges after k released steps: those k steps are composed into the search."""
+    k = 4
+    _, seeds = search_streams(0, 2)
+    step = Trainer.train_step
+
+    def diverge_after_k(self, batch):
+        metrics = step(self, batch)
+        if self.seed == seeds[1] and self.step == k:
+            raise TrainingDiverged(f"forced divergence after step {k}")
+        return metrics
+
+    monkeypatch.setattr(Trainer, "train_step", diverge_after_k)
+    out = random_search(TINY_SEARCH, SAME_B, "accuracy", seeds=seeds)
+    ok, failed = out["trials"]
+    assert "failed" in failed and "forced divergence" in failed["failed"]
+    assert sum(e["steps"] for e in failed["privacy_ledger"]) == k
+    ledgers = [ok["privacy_ledger"], failed["privacy_ledger"]]
+    delta = out["search_delta"]
+    assert out["search_epsilon"] == pytest.approx(
+        compose_ledgers(ledgers, delta, out["search_accountant"]), rel=1e-9)
+    assert out["search_epsilon"] > compose_ledgers(ledgers[:1], delta,
+                                                   out["search_accountant"]) * 1.01
+    assert out["best"]["trial"] == 0
+
+
+def test_the_search_composes_through_the_privacy_package():
+    ledger = [{"noise_multiplier": 1.1, "sample_rate": 0.01, "steps": 30},
+              {"noise_multiplier": 2.0, "sample_rate": 0.02, "steps": 5}]
+    acc = PrivacyAccountant("rdp")
+    for _ in range(2):
+        for entry in ledger:
+            for _ in range(entry["steps"]):
+                acc.step(noise_multiplier=entry["noise_multiplier"],
+                         sample_rate=entry["sample_rate"])
+    assert compose_ledgers([ledger, ledger], 1e-5, "rdp") == acc.get_epsilon(1e-5)
+    assert compose_ledgers([[], []], 1e-5, "rdp") == 0.0
+    source = inspect.getsource(dpbench.hpo)
+    assert "opacus" not in source and "create_accountant" not in source
+
+
+def test_a_fixed_seed_in_the_overrides_is_refused():
+    with pytest.raises(ConfigError, match="seed"):
+        random_search([*TINY_SEARCH, "seed=3"], SAME_B, "accuracy")

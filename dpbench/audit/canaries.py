@@ -11,49 +11,66 @@ of the released gradient at its coordinate; the top k+ scores are guessed "inclu
 k- "excluded".
 
 ``break_mechanism`` (tests only) makes the loop release without noise or without clipping while
-still *claiming* the planned epsilon: the audit must then report epsilon_lower > claimed.
+still *claiming* the planned epsilon: the audit must then report epsilon_lower > claimed. It
+wraps the method (``BrokenMechanism``) and turns the loop's sensitivity check off through the
+Trainer's explicit ``check_sensitivity`` option; nothing is patched at run time.
+
+Power: with m canaries and r guesses, the largest epsilon_lower the audit can certify is the
+bound for r correct guesses (``audit_power``); a mechanism leaking more looks the same. The
+defaults (``auto``) size m and r from the epsilon the run will claim, so that a broken
+mechanism is detectable at that epsilon (up to about 8 at delta = 1e-5), and every result
+reports its power.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from dpbench.audit.bounds import epsilon_lower_bound
+from dpbench.audit.bounds import (
+    CANARY_LADDER,
+    audit_power,
+    auto_canaries,
+    auto_guesses,
+    epsilon_lower_bound,
+)
 from dpbench.errors import ConfigError
+from dpbench.privacy import PrivacyAccountant
 from dpbench.privacy.ledger import Query
-from dpbench.training import step as step_module
-from dpbench.training.loop import Trainer
+from dpbench.training.loop import PrivacyPlan, Trainer, plan_privacy
 from dpbench.training.step import Release
 from dpbench.utils.seeding import stream_generator
 
 log = logging.getLogger(__name__)
 BREAKS = ("none", "noise", "clipping")
+AUTO = "auto"
 
 
 @dataclass
 class AuditSettings:
-    """``conf/audit/*.yaml``."""
+    """``conf/audit/*.yaml``; ``auto`` counts are sized from the run's claimed epsilon."""
 
-    canaries: int = 1000
-    guesses_included: int = 100
-    guesses_excluded: int = 100
+    canaries: int | str = AUTO
+    guesses_included: int | str = AUTO
+    guesses_excluded: int | str = AUTO
     confidence: float = 0.95
     canary_norm: float = 1000.0  # in units of privacy.clip_norm: always clipped
     seed: int = 0
     break_mechanism: str = "none"  # TESTS ONLY: none | noise | clipping
 
     def __post_init__(self) -> None:
-        if self.canaries < 2:
-            raise ConfigError(f"audit.canaries must be >= 2 (got {self.canaries})")
-        if min(self.guesses_included, self.guesses_excluded) < 0 or (
-                self.guesses_included + self.guesses_excluded > self.canaries):
+        for key, low in (("canaries", 2), ("guesses_included", 0), ("guesses_excluded", 0)):
+            value = getattr(self, key)
+            if value != AUTO and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < low):
+                raise ConfigError(f"audit.{key} must be an integer >= {low} or auto "
+                                  f"(got {value!r})")
+        counts = (self.canaries, self.guesses_included, self.guesses_excluded)
+        if AUTO not in counts and self.guesses_included + self.guesses_excluded > self.canaries:
             raise ConfigError("audit.guesses_included + audit.guesses_excluded must be between "
                               f"0 and audit.canaries = {self.canaries}")
         if not 0 < self.confidence < 1:
@@ -63,6 +80,63 @@ class AuditSettings:
         if self.break_mechanism not in BREAKS:
             raise ConfigError(f"audit.break_mechanism must be one of {', '.join(BREAKS)} "
                               f"(got {self.break_mechanism!r})")
+
+    def sized(self, claimed_epsilon: float, delta: float) -> AuditSettings:
+        """Return a copy with every ``auto`` count chosen for ``claimed_epsilon`` at ``delta``.
+
+        Canaries: the fewest that can detect a leak above the claim (``auto_canaries``), or,
+        with fixed guesses, the fewest that leave room for them; guesses: all canaries but a
+        margin (``auto_guesses``).
+        """
+        fixed = [g for g in (self.guesses_included, self.guesses_excluded) if g != AUTO]
+        m = self.canaries
+        if m == AUTO:
+            if fixed:
+                m = next((c for c in CANARY_LADDER if auto_guesses(c) >= max(fixed)
+                          and c >= sum(fixed)), None)
+                if m is None:
+                    raise ConfigError("audit.canaries=auto cannot hold audit.guesses_* = "
+                                      f"{fixed}; set audit.canaries")
+            else:
+                m = auto_canaries(claimed_epsilon, delta, self.confidence)
+        k_in, k_out = (auto_guesses(m) if g == AUTO else g
+                       for g in (self.guesses_included, self.guesses_excluded))
+        return AuditSettings(m, k_in, k_out, self.confidence, self.canary_norm, self.seed,
+                             self.break_mechanism)
+
+
+def planned_epsilon(plan: PrivacyPlan) -> float:
+    """Return the epsilon the run will claim: its target, or the planned steps' epsilon."""
+    if plan.target_epsilon is not None:
+        return float(plan.target_epsilon)
+    acc = PrivacyAccountant(plan.accountant)
+    acc.step(noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate,
+             count=plan.total_steps)
+    return acc.get_epsilon(plan.delta)
+
+
+class BrokenMechanism:
+    """TESTS ONLY: the method with its noise (``noise``) or clipping (``clipping``) removed.
+
+    Every other attribute is the wrapped method's, so the loop runs unchanged and still
+    accounts the planned mechanism: the audit must catch the difference.
+    """
+
+    def __init__(self, method: Any, broken: str) -> None:
+        self.method, self.broken = method, broken
+
+    def gradient_noise_multiplier(self, sigma: float) -> float:
+        return 0.0 if self.broken == "noise" else self.method.gradient_noise_multiplier(sigma)
+
+    def clip_factors(self, norms: torch.Tensor, ctx: Any) -> torch.Tensor:
+        if self.broken == "clipping":
+            return torch.ones_like(norms)
+        return self.method.clip_factors(norms, ctx)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "method":
+            raise AttributeError(name)
+        return getattr(self.method, name)
 
 
 class CanaryModel(nn.Module):
@@ -112,6 +186,8 @@ class CanaryGradients:
                 for p, g in zip(self.params, grads)]
         for row, canary in enumerate(self.active):
             rows[self.canary_param][row].view(-1)[canary] = self.norm
+        # a canary row has a finite (zero) loss, so the loop keeps it like a real example
+        losses = torch.cat([losses, losses.new_zeros(len(self.active))])
         return [torch.cat([g, r]) for g, r in zip(grads, rows)], losses
 
     def __getattr__(self, name: str) -> Any:
@@ -124,11 +200,16 @@ class AuditTrainer(Trainer):
     needs_per_example_grads = True  # canaries join the materialised per-example gradients
 
     def __init__(self, *, audit: AuditSettings, model: nn.Module, **kwargs: Any) -> None:
-        self.audit = audit
-        super().__init__(model=CanaryModel(model, audit.canaries), **kwargs)
-        if not self.plan.private:
-            raise ConfigError(f"method {self.method.name!r} releases without noise (epsilon = "
+        method = kwargs["method"]
+        plan = plan_privacy(kwargs["privacy"], kwargs["trainer"], len(kwargs["data"].train),
+                            method.private)
+        if not plan.private:
+            raise ConfigError(f"method {method.name!r} releases without noise (epsilon = "
                               "inf): there is nothing to audit")
+        audit = audit.sized(planned_epsilon(plan), plan.delta)
+        self.audit = audit
+        super().__init__(model=CanaryModel(model, audit.canaries),
+                         check_sensitivity=audit.break_mechanism != "clipping", **kwargs)
         if self.engine.mode in ("ghost", "bk"):
             raise ConfigError("the audit needs per-example gradients: use "
                               "trainer.grad_sample_mode=hooks or functorch")
@@ -142,15 +223,15 @@ class AuditTrainer(Trainer):
         self.canary_index = index
         self.scores = torch.zeros(audit.canaries, dtype=torch.float64)
         self.engine = CanaryGradients(self.engine, index, audit.canary_norm * self.clip_norm)
-        if audit.break_mechanism == "noise":
-            self.method.gradient_noise_multiplier = lambda sigma: 0.0  # type: ignore[method-assign]
-        elif audit.break_mechanism == "clipping":
-            self.method.clip_factors = (  # type: ignore[method-assign]
-                lambda norms, ctx: torch.ones_like(norms))
+        if audit.break_mechanism != "none":
+            self.method = BrokenMechanism(self.method, audit.break_mechanism)
 
     def train_step(self, batch: Any) -> dict[str, float]:
+        b = self.plan.bands  # canaries are sampled like data: cyclic Poisson when b > 1
         sampled = torch.rand(len(self.included), generator=self.canary_sampler) < (
-            self.plan.sample_rate)
+            b * self.plan.sample_rate)
+        if b > 1:  # canary i lives in partition i mod b, sampled only on its steps
+            sampled &= torch.arange(len(self.included)) % b == self.step % b
         self.engine.active = torch.nonzero(self.included & sampled).flatten().tolist()
         try:
             return super().train_step(batch)
@@ -166,23 +247,9 @@ class AuditTrainer(Trainer):
             self.accountant.step(noise_multiplier=sigma, sample_rate=self.plan.sample_rate)
         self.scores += release.grads[self.canary_index].detach().reshape(-1).double().cpu()
 
-    @contextlib.contextmanager
-    def _broken_checks(self) -> Iterator[None]:
-        """Switch off the loop's sensitivity check while clipping is deliberately broken."""
-        if self.audit.break_mechanism != "clipping":
-            yield
-            return
-        saved = step_module._check_bound
-        step_module._check_bound = lambda *args, **kwargs: None
-        try:
-            yield
-        finally:
-            step_module._check_bound = saved
-
     def run_audit(self) -> dict[str, Any]:
         """Train with canaries; return the training summary plus the audit's outcome."""
-        with self._broken_checks():
-            summary = self.fit()
+        summary = self.fit()
         a = self.audit
         order = torch.argsort(self.scores, descending=True)
         guessed_in = order[:a.guesses_included]
@@ -190,10 +257,13 @@ class AuditTrainer(Trainer):
         correct = int(self.included[guessed_in].sum()) + int((~self.included[guessed_out]).sum())
         guesses = a.guesses_included + a.guesses_excluded
         lower = epsilon_lower_bound(a.canaries, guesses, correct, self.plan.delta, a.confidence)
+        power = audit_power(a.canaries, guesses, self.plan.delta, a.confidence)
         audit = {"method": "one-run gradient canaries (Steinke, Nasr, Jagielski 2023)",
                  "canaries": a.canaries, "included": int(self.included.sum()),
-                 "guesses": guesses, "correct": correct, "confidence": a.confidence,
-                 "canary_norm": a.canary_norm, "break_mechanism": a.break_mechanism,
-                 "epsilon_lower": lower, "epsilon_claimed": summary["epsilon"]}
+                 "guesses": guesses, "guesses_included": a.guesses_included,
+                 "guesses_excluded": a.guesses_excluded, "correct": correct,
+                 "confidence": a.confidence, "canary_norm": a.canary_norm,
+                 "break_mechanism": a.break_mechanism, "epsilon_lower": lower,
+                 "power": power, "epsilon_claimed": summary["epsilon"]}
         return {**summary, "epsilon_claimed": summary["epsilon"], "epsilon_lower": lower,
-                "audit": audit}
+                "audit_power": power, "audit": audit}

@@ -2,8 +2,9 @@
 
 Config-driven like ``dpbench`` (``conf/audit.yaml`` = ``conf/config.yaml`` + ``conf/audit``):
 ``dpbench-audit method=dpsgd privacy=eps1 audit.canaries=1000``, sweeps with ``-m``. The run
-writes ``results.json`` (status ``completed``, ``epsilon_claimed``, ``epsilon_lower`` and the
-``audit`` block) and prints one table row. Bad settings exit 2 and leave nothing behind.
+writes ``results.json`` (status ``completed``, ``epsilon_claimed``, ``epsilon_lower``,
+``audit_power`` and the ``audit`` block) and prints one table row with the power next to
+epsilon_lower. Bad settings exit 2 and leave nothing behind.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from dpbench.errors import ConfigError, DPBenchError
 from dpbench.logging.results import run_record, write_record
 from dpbench.utils.paths import check_path_values, check_run_dir
 
-HEADER = "| method | dataset | epsilon_claimed | epsilon_lower | correct / guesses | canaries |"
+HEADER = ("| method | dataset | epsilon_claimed | epsilon_lower | power | correct / guesses "
+          "| canaries |")
 
 
 def audit_settings(cfg: DictConfig) -> AuditSettings:
@@ -54,8 +56,8 @@ def table_row(record: dict[str, Any]) -> str:
     claimed = record["epsilon_claimed"]
     return (f"| {record['method']} | {record['dataset']} | "
             f"{claimed if math.isinf(claimed) else round(claimed, 3)} | "
-            f"{round(a['epsilon_lower'], 3)} | {a['correct']} / {a['guesses']} | "
-            f"{a['canaries']} |")
+            f"{round(a['epsilon_lower'], 3)} | {round(a['power'], 3)} | "
+            f"{a['correct']} / {a['guesses']} | {a['canaries']} |")
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="audit")
@@ -73,6 +75,11 @@ def _hydra_entry(cfg: DictConfig) -> None:
         sys.exit(2)
     print(HEADER)
     print(table_row(record))
+    if record["audit"]["power"] <= record["epsilon_claimed"]:
+        print(f"dpbench-audit: note: the audit's power is {record['audit']['power']:.3g}: it "
+              "cannot detect a mechanism leaking more than that (the claim is "
+              f"{record['epsilon_claimed']:.3g}); add canaries and guesses, or a smaller "
+              "privacy.delta", file=sys.stderr)
     if record["epsilon_lower"] > record["epsilon_claimed"]:
         print("dpbench-audit: WARNING epsilon_lower exceeds the claimed epsilon: the mechanism "
               "that ran is less private than accounted", file=sys.stderr)

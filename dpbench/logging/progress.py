@@ -27,7 +27,7 @@ class ProgressBar(Callback):
         if self.bar is None:
             self._open(trainer)
         self.bar.update(1)
-        self.bar.set_postfix(loss=f"{metrics['loss']:.3f}", eps=f"{self.epsilon:.3g}")
+        self.bar.set_postfix(eps=f"{self.epsilon:.3g}")  # the training loss is not released
 
     def on_epoch_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         self.epsilon = metrics["epsilon"]

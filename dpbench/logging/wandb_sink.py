@@ -1,4 +1,8 @@
-"""Weights & Biases sink: config, per-step diagnostics, per-epoch evaluation, final summary.
+"""Weights & Biases sink: config, per-step released values, per-epoch evaluation, summary.
+
+Per step it logs only released quantities and their post-processing (``train/``); the loop's
+un-privatised training diagnostics (loss, gradient norms, realised batch size) are logged
+under ``private/`` only with ``logger.private_diagnostics=true``.
 
 Offline by default (``WANDB_MODE=offline`` needs no account or network); files go under the
 run directory. The loop never imports wandb: this callback subscribes to its events.
@@ -22,8 +26,10 @@ log = logging.getLogger(__name__)
 class WandbSink(Callback):
     def __init__(self, mode: str = "offline", project: str = "dpbench", entity: str | None = None,
                  group: str | None = None, run_dir: str | Path | None = None,
-                 cfg: DictConfig | None = None, name: str | None = None) -> None:
+                 cfg: DictConfig | None = None, name: str | None = None,
+                 private_diagnostics: bool = False) -> None:
         self.mode, self.project, self.entity, self.group = mode, project, entity, group
+        self.private_diagnostics = private_diagnostics
         self.run_dir = Path(run_dir) if run_dir else None
         self.cfg, self.name = cfg, name
         self.run = None
@@ -46,8 +52,12 @@ class WandbSink(Callback):
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
         if self.run is not None:
-            self.run.log({f"train/{k}": v for k, v in metrics.items()
-                          if isinstance(v, (int, float)) and not math.isnan(v)}, step=trainer.step)
+            logged = {f"train/{k}": v for k, v in metrics.items()
+                      if isinstance(v, (int, float)) and not math.isnan(v)}
+            if self.private_diagnostics:  # opted in: un-privatised, not covered by epsilon
+                logged.update({f"private/{k}": v for k, v in metrics.get("private", {}).items()
+                               if isinstance(v, (int, float)) and not math.isnan(v)})
+            self.run.log(logged, step=trainer.step)
 
     def on_epoch_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if self.run is not None:

@@ -6,6 +6,8 @@ gradients, noise, the accountant) belong to the loop and are not hooks:
 
 ====  ==============================  =========================================================
  0    ``configure_model(model)``       model-side methods (e.g. bounded AdaLN modulation)
+ 1    ``participation_bands()``        sampling the loop runs: Poisson (None) or cyclic Poisson
+                                       over b fixed partitions (BandMF; accounted as amplified)
  2    ``evaluation_points(ctx)``       where gradients are taken: [theta] by default; IVON a
                                        posterior sample; DiSK/FIBER theta and theta + gamma d
  4    (loop) u_i = sum_k w_k g_i(pt_k) combined per example *before* clipping
@@ -13,6 +15,8 @@ gradients, noise, the accountant) belong to the loop and are not hooks:
                                        ||factor_i * u_i|| (the loop checks it every step)
  6    ``gradient_noise_multiplier``    sigma used for the gradient query (adaptive clipping
       ``extra_queries(norms, ctx)``    splits sigma); extra privatised queries (noisy count)
+      ``noise_shaper(info)``           the loop's i.i.d. gradient noise -> released noise
+                                       (BandMF's C^{-1} recursion; state checkpointed by the loop)
  7    ``postprocess(grads, ctx)``      filters, spectral denoising (free: post-processing)
  8    ``update(grads, ctx)``           the optimiser step (SGD/Adam/AdamW/AdamBC/FIBER/IVON)
  9    ``after_step(released, ctx)``    e.g. the adaptive threshold update from a noisy count
@@ -29,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -38,6 +42,15 @@ from dpbench.methods.settings import NoSettings, checked_settings
 from dpbench.privacy.ledger import Query
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+class NoiseShaper(Protocol):
+    """Turns a step's i.i.d. Gaussian noise (one tensor per parameter) into released noise."""
+
+    def __call__(self, noise: list[torch.Tensor]) -> list[torch.Tensor]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any], device: torch.device | None = None
+                        ) -> None: ...
 
 
 @dataclass
@@ -138,6 +151,23 @@ class DPMethod:
     def gradient_evaluations_per_step(self) -> int:
         """Return how many gradient evaluations a step makes (compute, not privacy)."""
         return 1
+
+    # ---- stages the loop runs but the method configures: sampling and noise shape -------
+    def participation_bands(self) -> int | None:
+        """Return b for cyclic Poisson sampling over b fixed partitions (None: plain Poisson).
+
+        With b, step t samples partition t mod b at rate b q and the loop accounts the run
+        as DP-SGD at rate b q for ceil(T / b) steps (BandMF's amplification theorem).
+        """
+        return None
+
+    def noise_shaper(self, info: RunInfo) -> NoiseShaper | None:
+        """Return the map from each step's i.i.d. gradient noise to the noise released.
+
+        None: i.i.d. noise (DP-SGD). The loop owns the object (its state is checkpointed
+        with the loop's); it must keep each step's per-participation sensitivity.
+        """
+        return None
 
     # ---- stage 0: model side -------------------------------------------------------------
     def configure_model(self, model: nn.Module) -> nn.Module:

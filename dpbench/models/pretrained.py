@@ -55,7 +55,8 @@ def _resnet18(num_classes: int, pretrained: bool, size: int | None) -> tuple[nn.
     model.relu = nn.ReLU(inplace=False)
     if pretrained:
         try:
-            state = ResNet18_Weights.IMAGENET1K_V1.get_state_dict(progress=False)
+            state = ResNet18_Weights.IMAGENET1K_V1.get_state_dict(progress=False,
+                                                                  weights_only=True)
         except (OSError, RuntimeError, ValueError) as err:  # URLError is an OSError
             raise _offline_error("resnet18", err) from err
         # GroupNorm takes BatchNorm's affine weights; running statistics have no slot

@@ -9,6 +9,7 @@ from dpbench.privacy.accountant import (
     compose_epsilon,
     default_delta,
 )
+from dpbench.privacy.banded_mf import amplified_equivalent
 from dpbench.privacy.calibration import calibrate_noise_multiplier
 from dpbench.privacy.ledger import PrivacyLedger, Query, combined_noise_multiplier
 
@@ -18,6 +19,7 @@ __all__ = [
     "PrivacyAccountant",
     "PrivacyLedger",
     "Query",
+    "amplified_equivalent",
     "calibrate_noise_multiplier",
     "check_accountable",
     "check_accountant",

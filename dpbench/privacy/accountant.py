@@ -10,8 +10,8 @@ Every accountant here returns an upper bound on epsilon for Poisson-subsampled G
 - ``rdp``: Opacus's RDP analysis (Mironov 2017), looser, one vector per distinct (sigma, q).
 
 Opacus's GDP accountant is refused: it is a central-limit approximation (Dong, Roth, Su
-2019; Bu et al. 2020), not a bound, and under-reports (2.99 against PLD's 5.04 on the demo).
-See docs/accounting.md.
+2019; Bu et al. 2020), not a bound, and under-reports (calibrated to epsilon 3 on the demo it
+reports 2.99 for a mechanism whose PLD epsilon is 3.37). See docs/accounting.md.
 """
 
 from __future__ import annotations

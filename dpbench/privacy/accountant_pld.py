@@ -23,6 +23,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 #: (noise multiplier, sample rate, steps) of identical Poisson-subsampled Gaussian steps
 Group = tuple[float, float, int]
 
@@ -36,8 +38,10 @@ COMPOSED_POINTS_CAP = 2**19
 #: coarser grid (pessimistic) so one query builds at most this many base PLDs
 MAX_GROUPS = 16
 #: the epsilon error of connect-the-dots grows like K * interval^2 (measured about
-#: 0.6 K d^2 for DP-SGD settings); interval = this / sqrt(K) keeps it near 5e-4
-INTERVAL_SCALE = 0.03
+#: 0.6 K d^2 for DP-SGD settings); interval = this / sqrt(K) keeps it near 1.5e-3
+INTERVAL_SCALE = 0.05
+#: and never coarser than this by default (short runs)
+MAX_INTERVAL = 2e-3
 #: an epsilon spanning fewer grid intervals than this is recomputed on a finer grid, so
 #: small epsilons are resolved to about 0.5 %
 RESOLUTION = 500
@@ -83,14 +87,21 @@ def canonical_groups(history: Iterable[Group], bits: int = 36) -> tuple[Group, .
         key = (round_down(float(sigma), bits), min(round_up(float(q), bits), 1.0))
         merged[key] = merged.get(key, 0) + int(steps)
     groups = tuple(sorted((s, q, k) for (s, q), k in merged.items()))
-    if len(groups) > MAX_GROUPS and bits > 4:
+    if len(groups) <= MAX_GROUPS:
+        return groups
+    if bits > 4:
         return canonical_groups(groups, bits - 8)
-    return groups
+    # still too many: MAX_GROUPS runs of consecutive sigmas, each at its smallest sigma and
+    # largest q (both only increase epsilon)
+    size = math.ceil(len(groups) / MAX_GROUPS)
+    chunks = [groups[i:i + size] for i in range(0, len(groups), size)]
+    return canonical_groups([(min(s for s, _, _ in c), max(q for _, q, _ in c),
+                              sum(k for _, _, k in c)) for c in chunks], bits)
 
 
 def interval_for(total_steps: int) -> float:
     """Return the default discretisation interval for a composition of ``total_steps``."""
-    return _ladder_at_most(INTERVAL_SCALE / math.sqrt(max(total_steps, 1)))
+    return _ladder_at_most(min(INTERVAL_SCALE / math.sqrt(max(total_steps, 1)), MAX_INTERVAL))
 
 
 @functools.lru_cache(maxsize=256)
@@ -122,18 +133,39 @@ def base_pld(sigma: float, q: float, interval: float) -> Any:
     return pld.PrivacyLossDistribution(remove.to_dense_pmf(), add.to_dense_pmf())
 
 
-def _composed_points(base: Any, steps: int) -> int:
-    """Return the grid length ``base.self_compose(steps)`` would allocate (Chernoff bounds)."""
-    from dp_accounting.pld import common
+@functools.lru_cache(maxsize=64)
+def _log_mgfs(sigma: float, q: float, interval: float) -> tuple[tuple[int, Any, Any], ...]:
+    """Return, per direction, (grid length, orders, log moment generating function at them)
+    of one step's PLD: the inputs of dp-accounting's Chernoff bound on a self-composition's
+    support (``common.compute_self_convolve_bounds``), computed once per base PLD."""
+    from scipy import special
 
-    points = 0
+    base = base_pld(sigma, q, interval)
+    out = []
     for pmf in (base._pmf_remove, base._pmf_add):  # dp-accounting keeps no public accessor
         probs = pmf.to_dense_pmf()._probs
-        if steps * (len(probs) - 1) + 1 <= COMPOSED_POINTS_CAP:  # the untruncated length fits
-            points = max(points, steps * (len(probs) - 1) + 1)
-            continue
-        lower, upper = common.compute_self_convolve_bounds(probs, steps, TAIL_MASS)
-        points = max(points, upper - lower + 1, len(probs))
+        n = len(probs)
+        orders = np.concatenate((np.arange(-20, 0), np.arange(1, 21))) / n  # as dp-accounting
+        log_mgfs = np.array([special.logsumexp(np.arange(n) * o, b=probs) for o in orders])
+        out.append((n, orders, log_mgfs))
+    return tuple(out)
+
+
+def _composed_points(sigma: float, q: float, interval: float, steps: int) -> int:
+    """Return the grid length ``base_pld(...).self_compose(steps)`` allocates: the untruncated
+    length, or the Chernoff bounds dp-accounting truncates to (same formula, cached MGFs)."""
+    points = 0
+    for n, orders, log_mgfs in _log_mgfs(sigma, q, interval):
+        lower, upper = 0, steps * (n - 1)
+        if upper + 1 > COMPOSED_POINTS_CAP:
+            with np.errstate(all="ignore"):
+                bounds = (steps * log_mgfs + math.log(2 / TAIL_MASS)) / orders
+            finite = np.isfinite(bounds)
+            if (finite & (orders > 0)).any():
+                upper = min(upper, math.ceil(bounds[finite & (orders > 0)].min()))
+            if (finite & (orders < 0)).any():
+                lower = max(lower, math.floor(bounds[finite & (orders < 0)].max()))
+        points = max(points, upper - lower + 1, n)
     return points
 
 
@@ -147,7 +179,7 @@ def plan_interval(groups: tuple[Group, ...], finest: float = math.inf) -> float:
     widest = max(_loss_span(s, q) for s, q, _ in groups)
     interval = max(interval, _ladder_at_least(widest / BASE_POINTS_CAP))
     for _ in range(len(LADDER)):
-        points = sum(_composed_points(base_pld(s, q, interval), k) for s, q, k in groups)
+        points = sum(_composed_points(s, q, interval, k) for s, q, k in groups)
         if points <= COMPOSED_POINTS_CAP or interval >= LADDER[-1]:
             break
         interval = _ladder_at_least(interval * 1.01 * points / COMPOSED_POINTS_CAP)

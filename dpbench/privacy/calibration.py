@@ -95,7 +95,7 @@ def _calibrate(target: float, delta: float, q: float, steps: int, accountant: st
             return epsilon(accountant, [(sigma, q, steps)], delta)
 
     where = f"at q={q:.4g}, {steps} steps, delta={delta:.3g} ({accountant} accountant)"
-    other = "" if accountant == "pld" else " or use privacy.accountant=pld"
+    other = "" if accountant == "pld" else ", or use privacy.accountant=pld"
     sigma = guess if guess is not None else _first_guess(target, delta, q, steps)
     eps = spent(sigma)
     lo = hi = None  # lo: spends more than the target; hi: spends at most the target

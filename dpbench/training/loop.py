@@ -29,8 +29,10 @@ from dpbench.methods.base import DPMethod, RunInfo, StepContext
 from dpbench.privacy import (
     PrivacyAccountant,
     PrivacyLedger,
+    amplified_equivalent,
     calibrate_noise_multiplier,
     check_accountable,
+    combined_noise_multiplier,
 )
 from dpbench.privacy import default_delta as compute_default_delta
 from dpbench.tasks.base import Task
@@ -43,8 +45,13 @@ from dpbench.training.checkpoint import (
 )
 from dpbench.training.engines import CLIPPED_SUM_MODES, build_engine, choose_grad_sample_mode
 from dpbench.training.prefix_cache import maybe_cache_prefix
+from dpbench.training.sampling import (
+    CyclicPoissonSampler,
+    cyclic_poisson_loader,
+    fixed_partitions,
+)
 from dpbench.training.step import Release, nonprivate_gradient, private_release
-from dpbench.utils.seeding import seed_everything, stream_generator
+from dpbench.utils.seeding import seed_everything, stream_generator, stream_seed
 from dpbench.utils.stats import quantile_summary
 from dpbench.utils.tensors import move_to
 
@@ -80,6 +87,7 @@ class PrivacyPlan:
     noise_multiplier: float
     accountant: str | None
     target_epsilon: float | None
+    bands: int = 1  # cyclic Poisson over b partitions: accounted as DP-SGD at b q, T / b steps
 
 
 def _finite(*groups: Any) -> bool:
@@ -94,8 +102,12 @@ def resolve_device(name: str) -> torch.device:
 
 
 def plan_privacy(privacy: PrivacyConfig, trainer: TrainerConfig, dataset_size: int,
-                 private: bool) -> PrivacyPlan:
-    """Check the data-dependent settings and calibrate sigma; raise ConfigError if impossible."""
+                 private: bool, bands: int | None = None) -> PrivacyPlan:
+    """Check the data-dependent settings and calibrate sigma; raise ConfigError if impossible.
+
+    ``bands`` = b (cyclic Poisson sampling): sigma is calibrated for the equivalent DP-SGD,
+    rate b q and ceil(T / b) steps (``amplified_equivalent``).
+    """
     n = dataset_size
     if trainer.batch_size > n:
         raise ConfigError(f"trainer.batch_size must be <= N = {n} training examples "
@@ -103,10 +115,19 @@ def plan_privacy(privacy: PrivacyConfig, trainer: TrainerConfig, dataset_size: i
     q = trainer.batch_size / n
     steps_per_epoch = max(int(1 / q), 1)  # as Opacus's DPDataLoader: int(1 / q) per epoch
     total = trainer.epochs * steps_per_epoch
+    b = bands or 1
+    if b * q > 1:
+        raise ConfigError(f"method.settings.bands * trainer.batch_size must be <= N = {n} "
+                          f"(cyclic Poisson samples each of the b partitions at rate b B / N; "
+                          f"got bands={b}, batch_size={trainer.batch_size})")
+    if b > total:
+        raise ConfigError(f"method.settings.bands must be <= the run's {total} steps "
+                          f"(got {b}); lower it or train longer")
+    rate, steps = amplified_equivalent(q, total, b)
     private = private and privacy.enabled
     if not private:
         return PrivacyPlan(False, q, q * n, steps_per_epoch, total, None, 0.0, None,
-                           privacy.target_epsilon)
+                           privacy.target_epsilon, b)
     delta = privacy.delta if privacy.delta is not None else compute_default_delta(n)
     if delta >= 1.0 / n:
         raise ConfigError(f"privacy.delta must be < 1/N = {1.0 / n:.3g} (got {delta:.3g})")
@@ -115,9 +136,10 @@ def plan_privacy(privacy: PrivacyConfig, trainer: TrainerConfig, dataset_size: i
         check_accountable(sigma, q, total, delta, accountant)
     else:
         sigma, accountant = calibrate_noise_multiplier(
-            privacy.target_epsilon, delta, q, total, privacy.accountant)
+            privacy.target_epsilon, delta, rate, steps, privacy.accountant)
         target = privacy.target_epsilon
-    return PrivacyPlan(True, q, q * n, steps_per_epoch, total, delta, sigma, accountant, target)
+    return PrivacyPlan(True, q, q * n, steps_per_epoch, total, delta, sigma, accountant, target,
+                       b)
 
 
 class Trainer:
@@ -130,14 +152,16 @@ class Trainer:
     def __init__(self, *, method: DPMethod, model: nn.Module, task: Task, data: TaskData,
                  privacy: PrivacyConfig, trainer: TrainerConfig, seed: int,
                  run_dir: str | Path | None = None, callbacks: list[Callback] | None = None,
-                 fingerprint: str = "") -> None:
+                 fingerprint: str = "", check_sensitivity: bool = True) -> None:
         self.method, self.task, self.data = method, task, data
+        self.check_sensitivity = check_sensitivity  # False: the audit's broken mechanism only
         self.settings, self.seed = trainer, seed
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.callbacks = callbacks or []
         self.fingerprint = fingerprint
         self.device = resolve_device(trainer.device)
-        self.plan = plan_privacy(privacy, trainer, len(data.train), method.private)
+        self.plan = plan_privacy(privacy, trainer, len(data.train), method.private,
+                                 method.participation_bands())
         if method.tasks is not None and data.task not in method.tasks:
             raise ConfigError(f"method {method.name!r} does not support the {data.task!r} task "
                               f"of dataset {data.name!r} (it supports: "
@@ -171,6 +195,7 @@ class Trainer:
             private=self.plan.private, task=data.task, device=self.device)
         method.validate(self.info)
         method.setup(self.params, self.info)
+        self.noise_shaper = method.noise_shaper(self.info) if self.plan.private else None
         self.clip_norm = privacy.clip_norm
         self.accountant = PrivacyAccountant(self.plan.accountant) if self.plan.private else None
         self.ledger = PrivacyLedger()
@@ -185,8 +210,17 @@ class Trainer:
         self.noise_generator = self.generators["noise"]
         task.generator = self.generators["task"]
         seed_everything(seed, "global")  # what still draws from torch's global RNG (dropout)
-        self.train_loader = DPDataLoader(self.data.train, sample_rate=self.plan.sample_rate,
-                                         generator=self.sampler_generator)
+        self.cyclic_sampler: CyclicPoissonSampler | None = None
+        if method.participation_bands() is not None:  # b fixed partitions, one per step
+            self.cyclic_sampler = CyclicPoissonSampler(
+                fixed_partitions(len(self.data.train), self.plan.bands,
+                                 stream_seed(seed, "partitions")),
+                self.plan.bands * self.plan.sample_rate, self.plan.steps_per_epoch,
+                self.sampler_generator)
+            self.train_loader = cyclic_poisson_loader(self.data.train, self.cyclic_sampler)
+        else:
+            self.train_loader = DPDataLoader(self.data.train, sample_rate=self.plan.sample_rate,
+                                             generator=self.sampler_generator)
         self.test_loader = DataLoader(self.data.test, batch_size=trainer.eval_batch_size)
         self.step = 0
         self.epoch = 0
@@ -213,14 +247,19 @@ class Trainer:
             method_generator=self.generators["method"])
 
     def _account(self, release: Release) -> None:
-        sigma = self.ledger.record(self.plan.sample_rate, release.queries)
+        sigma = combined_noise_multiplier(release.queries)
         if sigma < self.plan.noise_multiplier * (1 - 1e-9):
             raise PrivacyError(f"step {self.step} released noise multiplier {sigma:.6g}, below "
                                f"the calibrated {self.plan.noise_multiplier:.6g}")
-        self.accountant.step(noise_multiplier=sigma, sample_rate=self.plan.sample_rate)
+        b = self.plan.bands
+        if self.step % b:  # cyclic Poisson: b steps are one DP-SGD step at rate b q (BandMF
+            return  # Thm 4); it is accounted at the first of them, before it can fail
+        rate = b * self.plan.sample_rate
+        sigma = self.ledger.record(rate, release.queries)
+        self.accountant.step(noise_multiplier=sigma, sample_rate=rate)
 
     # ---- one step ------------------------------------------------------------------------
-    def train_step(self, batch: Any) -> dict[str, float]:
+    def train_step(self, batch: Any) -> dict[str, Any]:
         ctx = self._context()
         batch = move_to(batch, self.device)
         physical = self.settings.max_physical_batch_size
@@ -229,22 +268,24 @@ class Trainer:
             ctx.noise_std = (self.method.gradient_noise_multiplier(self.plan.noise_multiplier)
                              * sens / self.plan.expected_batch_size)
             release = private_release(self.method, self.engine, self.task, batch, ctx,
-                                      self.plan.noise_multiplier, physical)
+                                      self.plan.noise_multiplier, physical, self.noise_shaper,
+                                      check_sensitivity=self.check_sensitivity)
             self._account(release)  # the release happened: account before anything can fail
         else:
             release = nonprivate_gradient(self.method, self.model, self.params, self.task,
                                           batch, ctx, physical)
         self._apply(release, ctx)
         self.step += 1
-        # diagnostics of the examples kept (non-finite ones are dropped, see step.py)
-        metrics = {"step": self.step, "batch_size": release.realised_batch,
+        # released values (and their post-processing) at the top level; un-privatised
+        # diagnostics of the kept examples (non-finite ones are dropped, see step.py) only
+        # under "private": sinks leave them out unless asked (docs/privacy-unit-and-streams.md)
+        private = {"batch_size": release.realised_batch,
                    "loss": float(release.losses.mean()) if release.losses.numel() else math.nan}
         if release.norms is not None and release.norms.numel():
-            metrics["clip_fraction"] = release.clipped_fraction
-            metrics.update(quantile_summary("grad_norm", release.norms))
-        metrics.update(self.method.step_metrics())
-        metrics.update(self.task.step_metrics())
-        return metrics
+            private["clip_fraction"] = release.clipped_fraction
+            private.update(quantile_summary("grad_norm", release.norms))
+        private.update(self.task.step_metrics())
+        return {"step": self.step, **self.method.step_metrics(), "private": private}
 
     def _apply(self, release: Release, ctx: StepContext) -> None:
         """Post-process and apply the release; skip or stop when it or the update is not finite.
@@ -305,6 +346,8 @@ class Trainer:
             "rng": rng_state(),
             "wall_time_s": self.wall_time_s, "skipped_steps": self.skipped_steps,
             "noise_multiplier": self.plan.noise_multiplier,
+            "sampler": self.cyclic_sampler.state_dict() if self.cyclic_sampler else None,
+            "noise_shaper": self.noise_shaper.state_dict() if self.noise_shaper else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -321,10 +364,17 @@ class Trainer:
         self.history = list(state["history"])
         self.step_history = list(state.get("step_history", []))
         self.private_history = list(state.get("private_history", []))
+        if "generators" not in state:
+            raise ConfigError("the checkpoint in this run directory predates per-stream seeds "
+                              "and cannot be resumed exactly; start a new hydra.run.dir")
         for name, saved in state["generators"].items():
             generator = self.generators[name]
             generator.set_state(saved.to(generator.get_state().device))
         set_rng_state(state["rng"])
+        if self.cyclic_sampler is not None:
+            self.cyclic_sampler.load_state_dict(state["sampler"])
+        if self.noise_shaper is not None:
+            self.noise_shaper.load_state_dict(state["noise_shaper"], self.device)
         self.epoch, self.step = state["epoch"], state["step"]
         self.wall_time_s, self.skipped_steps = state["wall_time_s"], state["skipped_steps"]
 
@@ -401,6 +451,7 @@ class Trainer:
             "delta": self.plan.delta,
             "noise_multiplier": self.plan.noise_multiplier,
             "sample_rate": self.plan.sample_rate,
+            "participation_bands": self.plan.bands,  # accounted at rate b q, ceil(T / b) steps
             "expected_batch_size": self.plan.expected_batch_size,
             "steps": self.step,
             "planned_steps": self.plan.total_steps,

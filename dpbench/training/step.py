@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 import torch
 
 from dpbench.errors import PrivacyError
-from dpbench.methods.base import DPMethod, ExtraQuery, StepContext, gradient_queries
+from dpbench.methods.base import (
+    DPMethod,
+    ExtraQuery,
+    NoiseShaper,
+    StepContext,
+    gradient_queries,
+)
 from dpbench.privacy.ledger import Query
 from dpbench.tasks.base import Task
 from dpbench.training.batches import batch_size, physical_chunks, select_rows
@@ -63,11 +69,13 @@ class Aggregate:
 
 
 def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task, batch,
-                      ctx: StepContext, sigma: float, max_physical: int | None) -> Aggregate:
+                      ctx: StepContext, sigma: float, max_physical: int | None, *,
+                      check_sensitivity: bool = True) -> Aggregate:
     """Return sum_i w_i u_i and the extra queries' sums, checked against their sensitivity.
 
     Stages 3-5 and the pre-noise half of stage 6; ``private_release`` adds the noise. Tests
     call this on neighbouring batches to check the sensitivity the accountant assumes.
+    ``check_sensitivity=False`` is for the audit's deliberately broken mechanism only.
     """
     params = engine.params
     points = method.evaluation_points(ctx)
@@ -120,12 +128,14 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
             factors = method.clip_factors(norms, ctx)
             factors = torch.where(kept.to(factors.device), factors, torch.zeros_like(factors))
             chunk_sums = [torch.einsum("i,i...->...", factors.to(c.dtype), c) for c in combined]
-        _check_bound("gradient", factors * norms, sensitivity)
+        if check_sensitivity:
+            _check_bound("gradient", factors * norms, sensitivity)
         for s, c in zip(sums, chunk_sums):
             s.add_(c)
         kept_norms = norms[kept.to(norms.device)]
         for q in method.extra_queries(kept_norms, ctx):  # dropped examples make no query
-            _check_bound(q.name, q.values.abs(), q.sensitivity)
+            if check_sensitivity:
+                _check_bound(q.name, q.values.abs(), q.sensitivity)
             extra_sums[q.name] = extra_sums.get(q.name, 0.0) + q.values.sum()
             extra_specs[q.name] = q
         losses.append(loss.detach())
@@ -143,16 +153,23 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
 
 
 def private_release(method: DPMethod, engine: PerExampleGradients, task: Task, batch,
-                    ctx: StepContext, sigma: float, max_physical: int | None) -> Release:
-    """Return the noisy mean gradient and extra queries of one logical step."""
-    agg = clipped_aggregate(method, engine, task, batch, ctx, sigma, max_physical)
+                    ctx: StepContext, sigma: float, max_physical: int | None,
+                    noise_shaper: NoiseShaper | None = None, *,
+                    check_sensitivity: bool = True) -> Release:
+    """Return the noisy mean gradient and extra queries of one logical step.
+
+    ``noise_shaper`` (the method's, e.g. BandMF's C^{-1} recursion) maps the step's i.i.d.
+    gradient noise to the noise released; None releases it as drawn (DP-SGD).
+    """
+    agg = clipped_aggregate(method, engine, task, batch, ctx, sigma, max_physical,
+                            check_sensitivity=check_sensitivity)
     sums, extra_sums, extra_specs, queries = agg.sums, agg.extra_sums, agg.extra_specs, agg.queries
     grad_std = queries[0].noise_std
-    released = []
-    for s in sums:
-        noise = torch.normal(0.0, grad_std, size=s.shape, device=s.device,
-                             generator=ctx.generator)
-        released.append((s + noise) / ctx.expected_batch_size)
+    noises = [torch.normal(0.0, grad_std, size=s.shape, device=s.device,
+                           generator=ctx.generator) for s in sums]
+    if noise_shaper is not None:
+        noises = noise_shaper(noises)
+    released = [(s + noise) / ctx.expected_batch_size for s, noise in zip(sums, noises)]
     noisy_extras = {}
     for name, q in extra_specs.items():
         value = torch.as_tensor(extra_sums.get(name, 0.0), device=sums[0].device,

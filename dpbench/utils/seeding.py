@@ -32,6 +32,8 @@ STREAMS: tuple[str, ...] = (
     "audit_secrets",  # which audit canaries are included (seeded by audit.seed)
     "audit_canaries",  # the Poisson sampling of the included canaries (audit.seed)
     "hpo_trial",  # the run seed of each hyper-parameter trial (indexed by trial)
+    "hpo_draws",  # the search's random draws of hyper-parameters (seeded by its master seed)
+    "partitions",  # the fixed partitions of cyclic Poisson sampling (BandMF)
 )
 
 

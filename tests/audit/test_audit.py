@@ -7,7 +7,7 @@ import json
 import pytest
 from hydra import compose, initialize_config_dir
 
-from dpbench.audit.cli import _hydra_entry, run_audit
+from dpbench.audit.cli import _hydra_entry, audit_settings, run_audit
 from dpbench.cli import CONF_DIR
 from dpbench.errors import ConfigError
 from tests.cli_helpers import QUIET_CLI, run_cli
@@ -82,3 +82,49 @@ def test_report_lists_epsilon_lower_next_to_the_claim(tmp_path):
     write_record(tmp_path / "a", run_audit(cfg))
     _, markdown = build_report(tmp_path)
     assert "epsilon_lower" in markdown and "| dpsgd" in markdown
+
+
+def test_the_broken_mechanism_switches_the_check_by_option_not_by_patching():
+    """The audit turns the sensitivity check off through Trainer(check_sensitivity=False)."""
+    import functools
+    import inspect
+
+    import dpbench.audit.canaries as canaries
+    from dpbench.experiment import build_trainer
+    from dpbench.training import step
+
+    assert "_check_bound" not in inspect.getsource(canaries)
+    saved = step._check_bound
+    for broken, checked in (("clipping", False), ("noise", True), ("none", True)):
+        cfg = audit_config(*method_overrides("dpsgd"), *SMALL_AUDIT,
+                           f"audit.break_mechanism={broken}")
+        trainer = build_trainer(cfg, None, trainer_cls=functools.partial(
+            canaries.AuditTrainer, audit=audit_settings(cfg)))
+        assert trainer.check_sensitivity is checked
+        assert trainer.method.clip_factors.__self__ is trainer.method  # no lambda patched in
+        assert step._check_bound is saved
+
+
+def test_results_and_row_report_the_audit_power(tmp_path, monkeypatch, capfd):
+    from dpbench.audit.bounds import audit_power
+
+    run_dir = tmp_path / "audit"
+    assert run_cli(_hydra_entry, [*method_overrides("dpsgd"), *SMALL_AUDIT,
+                                  f"hydra.run.dir={run_dir}"], monkeypatch) == 0
+    record = json.loads((run_dir / "results.json").read_text())
+    assert record["audit_power"] == record["audit"]["power"] == pytest.approx(
+        audit_power(200, 40, record["delta"]))
+    out = capfd.readouterr()
+    assert "| power |" in out.out and f"| {round(record['audit_power'], 3)} |" in out.out
+    assert "cannot detect a mechanism leaking more" in out.err  # 40 guesses: power < 3
+
+
+@pytest.mark.slow
+def test_default_audit_detects_a_broken_mechanism_at_claimed_epsilon_8():
+    """Noise off, claim 8: the auto-sized default (40000 canaries) certifies more than 8."""
+    cfg = audit_config("method=dpsgd", "dataset=digits", "model=mlp", "privacy=eps8",
+                       "audit.break_mechanism=noise")
+    record = run_audit(cfg)
+    assert record["audit"]["canaries"] == 40000 and record["audit_power"] > 8
+    assert record["epsilon_claimed"] == pytest.approx(8.0, rel=0.01)
+    assert record["epsilon_lower"] > record["epsilon_claimed"]

@@ -13,7 +13,7 @@ PRESETS = {"fiber_mnist_cpu": ("mnist", "cnn2"), "fiber_mnist": ("mnist", "cnn2"
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
-@pytest.mark.parametrize("method", ["dpadamw", "disk", "dpadam_bc", "fiber"])
+@pytest.mark.parametrize("method", ["dpadamw", "disk", "dpadam_bc", "fiber", "bandmf"])
 def test_preset_composes(preset, method):
     cfg = compose_config(f"experiment={preset}", f"method={method}", "privacy=eps2")
     assert (cfg.dataset.name, cfg.model.name) == PRESETS[preset]

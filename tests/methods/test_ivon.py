@@ -56,7 +56,7 @@ def test_reparam_trajectory_matches_ivon_opt_oracle():
         ref.step()
         ctx = StepContext(step=step, epoch=0, private=False, noise_multiplier=0.0,
                           clip_norm=1.0, expected_batch_size=40, sample_rate=1.0,
-                          dataset_size=n, total_steps=steps, generator=gen)
+                          dataset_size=n, total_steps=steps, method_generator=gen)
         (point,) = method.evaluation_points(ctx)
         with parameters_at(params, point.offsets):
             grads = torch.autograd.grad(loss_fn(ours_model(x), y), params)
@@ -93,7 +93,7 @@ def test_evaluation_points_average_mc_samples_with_weight_one_over_s():
     method = _ivon(list(model.parameters()), 100, hess="gradsq", mc_samples=4)
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=1.0,
                       expected_batch_size=10, sample_rate=0.1, dataset_size=100,
-                      total_steps=1, generator=torch.Generator().manual_seed(0))
+                      total_steps=1, method_generator=torch.Generator().manual_seed(0))
     points = method.evaluation_points(ctx)
     assert len(points) == 4 and math.isclose(sum(p.weight for p in points), 1.0)
     assert not torch.equal(points[0].offsets[0], points[1].offsets[0])

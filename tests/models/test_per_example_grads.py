@@ -42,7 +42,7 @@ def test_per_example_gradients_match_one_at_a_time(name, mode):
     net.zero_grad()
     engine = PerExampleGradients(net, mode)
     if mode == "ghost":
-        sums, norms, _, _ = engine.ghost_clipped_sum(task.per_example_loss, (x, y),
+        sums, norms, *_ = engine.ghost_clipped_sum(task.per_example_loss, (x, y),
                                                      lambda nr: torch.ones_like(nr))
         torch.testing.assert_close(norms, ref_norms, rtol=1e-4, atol=1e-6)
         for s, *per in zip(sums, *reference):

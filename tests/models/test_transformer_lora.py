@@ -77,7 +77,7 @@ def test_lora_per_example_gradients_exact_and_ghost_matches(tmp_path):
             torch.testing.assert_close(g[i], e, rtol=1e-4, atol=1e-6)
     ghost = PerExampleGradients(copy.deepcopy(reference), "ghost")
     factors = lambda norms: (0.5 / norms).clamp(max=1.0)  # noqa: E731
-    sums, norms, _, _ = ghost.ghost_clipped_sum(task.per_example_loss, batch, factors)
+    sums, norms, *_ = ghost.ghost_clipped_sum(task.per_example_loss, batch, factors)
     flat = torch.stack([torch.cat([g[i].flatten() for g in grads]).norm() for i in range(3)])
     torch.testing.assert_close(norms, flat, rtol=1e-4, atol=1e-6)
     for s, g in zip(sums, grads):

@@ -105,6 +105,14 @@ def test_many_distinct_sigmas_are_rounded_down_pessimistically():
     assert len(groups) <= pld.MAX_GROUPS and sum(k for *_, k in groups) == 200
     assert all(any(s <= h for s, _, _ in groups) for h, _, _ in history)
     assert compose_epsilon(history, DELTA) >= compose_epsilon([(1.099, 0.05, 200)], DELTA)
+    spread = [(1.0 * 1.15**i, 0.01 * (1 + i % 3), 1) for i in range(40)]  # 2.4 decades, 3 rates
+    groups = pld.canonical_groups(spread)
+    assert len(groups) <= pld.MAX_GROUPS and sum(k for *_, k in groups) == 40
+    from dpbench.privacy.verify import pld_epsilon as event_by_event
+
+    ledger = [{"sample_rate": q, "steps": k, "queries": [{"sensitivity": 1.0, "noise_std": s}]}
+              for s, q, k in spread]
+    assert compose_epsilon(spread, DELTA) >= event_by_event(ledger, DELTA, discretization=2e-3)
 
 
 @pytest.mark.parametrize("eps", [0.5, 3.0, 8.0])
@@ -125,7 +133,9 @@ def test_extreme_accepted_settings_stay_within_the_grid_caps(sigma, q, steps):
     base = pld.base_pld(sigma, q, interval)
     for pmf in (base._pmf_remove, base._pmf_add):
         assert pmf.size <= 2 * pld.BASE_POINTS_CAP
-    assert pld._composed_points(base, steps) <= pld.COMPOSED_POINTS_CAP
+    assert pld._composed_points(sigma, q, interval, steps) <= pld.COMPOSED_POINTS_CAP
+    composed = base.self_compose(steps)
+    assert composed._pmf_remove.size <= pld.COMPOSED_POINTS_CAP
     eps = compose_epsilon([(sigma, q, steps)], DELTA)
     assert eps > 0 and not math.isnan(eps)
 

@@ -95,7 +95,8 @@ def test_nan_records_never_skip_or_stop_and_the_loss_is_the_finite_mean(nonfinit
             per_example = trainer.task.per_example_loss(trainer.model, batch)
         finite = per_example[torch.isfinite(per_example)]
         metrics = train_step(batch)
-        losses.append((metrics["loss"], float(finite.mean()), len(finite) < len(per_example)))
+        losses.append((metrics["private"]["loss"], float(finite.mean()),
+                       len(finite) < len(per_example)))
         return metrics
 
     trainer.train_step = checked_step

@@ -39,7 +39,7 @@ def _run(cache: str, mode: str = "hooks") -> tuple[Trainer, dict]:
     trainer = Trainer(method=get_method("dplora")(optimizer=torch.optim.Adam), model=model,
                       task=TextClassification(data), data=data,
                       privacy=PrivacyConfig(noise_multiplier=1.0, target_epsilon=None,
-                                            accountant="rdp"),
+                                              accountant="rdp"),
                       trainer=TrainerConfig(epochs=2, batch_size=10, checkpoint=False,
                                             progress=False, device="cpu",
                                             grad_sample_mode=mode, cache_frozen_prefix=cache),

@@ -1,0 +1,122 @@
+"""Amplified banded matrix factorization (BandMF, MF-DP-FTRL): correlated noise across steps.
+
+Choquette-Choo, Ganesh, McKenna, McMahan, Rush, Thakurta, Xu, "(Amplified) Banded Matrix
+Factorization: A unified approach to private training", NeurIPS 2023 (arXiv 2306.08153).
+
+Per step t (the loop runs every stage; this method only configures two of them):
+
+* sampling: cyclic Poisson over b fixed partitions (``participation_bands`` -> b), so an
+  example takes part at most once in any b consecutive steps (``training/sampling.py``);
+* release: g_hat_t = (sum_i clip(g_i) + sigma S w_t) / B with w = C^{-1} Z, C the b-banded
+  unit-norm Toeplitz strategy, computed by the recursion of ``privacy/banded_mf.py`` from the
+  last b - 1 noise vectors (``noise_shaper``; memory b x params);
+* the base optimiser from the YAML (SGD with momentum, Adam, ...) consumes g_hat:
+  post-processing.
+
+Privacy (their Thm 4): as DP-SGD with the same sigma, rate b B / N and ceil(T / b) steps;
+the loop calibrates and accounts exactly that. b = 1 is DP-SGD, draw for draw.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from dpbench.errors import ConfigError
+from dpbench.methods import register_method
+from dpbench.methods.base import DPMethod, RunInfo
+from dpbench.privacy.banded_mf import (
+    STRATEGIES,
+    BandedNoiseShaper,
+    amplified_equivalent,
+    noise_memory_bytes,
+    prefix_sum_loss,
+    strategy_coefficients,
+)
+
+
+@dataclass
+class BandMFSettings:
+    """``conf/method/bandmf.yaml`` settings: b and the strategy (validated on construction)."""
+
+    bands: int = 4
+    strategy: str = "optimal"  # optimal: L-BFGS on ||A C^{-1}||_F^2 | sqrt: truncated A^{1/2}
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bands, bool) or not isinstance(self.bands, int) or self.bands < 1:
+            raise ConfigError(f"method.settings.bands must be an integer >= 1 "
+                              f"(got {self.bands!r})")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"method.settings.strategy must be one of "
+                              f"{', '.join(STRATEGIES)} (got {self.strategy!r})")
+
+
+def available_memory_bytes(device: torch.device) -> int | None:
+    """Return the free memory of ``device`` (None when it cannot be read)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+@register_method("bandmf")
+class BandMF(DPMethod):
+    """DP-SGD's clipping and update with cyclic Poisson sampling and banded correlated noise."""
+
+    settings_cls = BandMFSettings
+
+    def __init__(self, optimizer=None, **settings: Any) -> None:
+        super().__init__(optimizer, **settings)
+        self.config = BandMFSettings(**self.settings)
+        self.coefs: np.ndarray | None = None
+
+    def participation_bands(self) -> int:
+        return self.config.bands
+
+    def setup(self, params: list[nn.Parameter], info: RunInfo) -> None:
+        """Build the optimiser and the strategy; refuse if the noise history will not fit."""
+        super().setup(params, info)
+        self.coefs = strategy_coefficients(self.config.strategy, self.config.bands,
+                                           info.total_steps)
+        if not info.private:
+            return
+        need = noise_memory_bytes(self.config.bands, sum(p.numel() for p in params),
+                                  params[0].element_size() if params else 4)
+        free = available_memory_bytes(info.device)
+        if free is not None and need > free:
+            raise ConfigError(
+                f"method.settings.bands={self.config.bands}: the correlated noise keeps b "
+                f"vectors of the model's size ({need / 2**30:.2f} GiB) but only "
+                f"{free / 2**30:.2f} GiB is free on {info.device}; lower bands")
+
+    def noise_shaper(self, info: RunInfo) -> BandedNoiseShaper:
+        """Return the C^{-1} recursion, with C's n x n columns normalised (n = T)."""
+        assert self.coefs is not None, "setup() builds the strategy first"
+        return BandedNoiseShaper(self.coefs, total_steps=info.total_steps)
+
+    def summary(self) -> dict[str, Any]:
+        """Return the mechanism and the DP-SGD it is accounted as (Thm 4)."""
+        out = super().summary()
+        if self.info is None or self.coefs is None:
+            return out
+        rate, steps = amplified_equivalent(self.info.sample_rate, self.info.total_steps,
+                                           self.config.bands)
+        n = self.info.total_steps
+        out.update({
+            "mechanism": "amplified banded matrix factorization (cyclic Poisson, b-banded "
+                         "Toeplitz C, unit-norm columns)",
+            "bands": self.config.bands, "strategy": self.config.strategy,
+            "coefficients": [float(c) for c in self.coefs],
+            "prefix_sum_loss": prefix_sum_loss(self.coefs, n) / n,
+            "dpsgd_prefix_sum_loss": prefix_sum_loss(np.ones(1), n) / n,
+            "equivalent_dpsgd": {"noise_multiplier": self.info.noise_multiplier,
+                                 "sample_rate": rate, "steps": steps},
+        })
+        return out
