@@ -30,7 +30,7 @@ from dpbench.utils.conf import CONF_DIR
 from dpbench.utils.io import atomic_write_bytes
 from dpbench.utils.lock import RunDirLock
 from dpbench.utils.paths import check_path_values, check_run_dir, register_path_resolver
-from dpbench.utils.threads import apply_threads
+from dpbench.utils.threads import apply_threads, torch_threads
 
 log = logging.getLogger("dpbench")
 register_schemas()
@@ -209,7 +209,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo) -> dict | 
             if record is not None:
                 print(f"dpbench: {run_dir} already completed; epsilon {record['epsilon']}")
                 return record
-        apply_threads(cfg.trainer.get("num_threads"), hc)  # k parallel jobs share the cores
+        threads = apply_threads(cfg.trainer.get("num_threads"), hc)  # k parallel jobs share cores
         callbacks = _callbacks(cfg, run_dir, multirun)
         trainer = build_trainer(cfg, run_dir, callbacks)
         _resume(trainer)  # a checkpoint of another config fails here, writing nothing
@@ -239,6 +239,9 @@ def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo) -> dict | 
     try:
         for note in trainer.data.notes:
             log.warning(note)
+        log.info("torch threads: %d (%s; OMP_NUM_THREADS=%s)", torch_threads(),
+                 "set for this job" if threads else "torch's default",
+                 os.environ.get("OMP_NUM_THREADS"))
         log.info("N=%d q=%.4g steps=%d sigma=%.4g delta=%s accountant=%s",
                  len(trainer.data.train), trainer.plan.sample_rate, trainer.plan.total_steps,
                  trainer.plan.noise_multiplier, trainer.plan.delta, trainer.plan.accountant)

@@ -62,3 +62,10 @@ def apply_threads(requested: int | None, hydra_cfg=None) -> int | None:
 
         torch.set_num_threads(threads)
     return threads
+
+
+def torch_threads() -> int:
+    """Return torch's intra-op thread count (for the run log)."""
+    import torch
+
+    return torch.get_num_threads()
