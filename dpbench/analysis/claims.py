@@ -176,12 +176,12 @@ def _steps_savings(records: list[dict[str, Any]], claim: dict[str, Any],
 
 def claims_markdown(rows: list[dict[str, Any]]) -> str:
     """Return the claims table: claim, paper, measured (95 % CI), verdict, command."""
-    from dpbench.analysis.tables import escape_markdown
+    from dpbench.analysis.tables import markdown_text
 
     lines = ["| paper | claim | paper's number | dpbench (mean ± 95 % CI, n) | verdict | "
              "command |", "|---|---|---|---|---|---|"]
     for row in rows:
-        cells = [escape_markdown(row.get(k, "")) for k in (
+        cells = [markdown_text(row.get(k, "")) for k in (
             "paper", "claim", "paper_value", "measured", "verdict")]
         lines.append("| " + " | ".join(cells) + f" | `{row.get('command', '')}` |")
     counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}

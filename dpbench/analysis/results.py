@@ -92,6 +92,12 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
             number = _number(value)
             if number is not None and key not in row:
                 row[key] = number
+    summary = record.get("method_summary")
+    if isinstance(summary, dict):  # released facts of the method, e.g. the floor's share
+        for key, value in summary.items():
+            number = _number(value)
+            if number is not None:
+                row[f"method_summary.{key}"] = number
     tuning = record.get("tuning")
     if isinstance(tuning, dict):
         row["tuning_mode"] = _text(tuning.get("mode"))

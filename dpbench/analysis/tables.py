@@ -44,10 +44,12 @@ def markdown_text(value: Any) -> str:
 
 
 def _completed(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Return the completed runs that have ``metric``, with their epsilon column label."""
     if frame.empty or metric not in frame:
-        return frame.iloc[0:0]
-    ok = frame[(frame["status"] == "completed")].copy()
-    ok["eps"] = ok["target_epsilon"].map(eps_label)
+        ok = pd.DataFrame(columns=[*ROW_KEYS, "seed", "target_epsilon", metric])
+    else:
+        ok = frame[(frame["status"] == "completed") & frame[metric].notna()].copy()
+    ok["eps"] = ok["target_epsilon"].map(eps_label) if len(ok) else pd.Series(dtype=object)
     return ok
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpbench.analysis.claims import evaluate_claim
+from dpbench.analysis.claims import claims_markdown, evaluate_claim
 from dpbench.analysis.reproduce import PAPERS, load_spec
 
 
@@ -25,6 +25,15 @@ CLAIM = {"claim": "a beats b", "metric": "accuracy", "method": "a", "baseline": 
 def test_difference_claim_verdicts(a, b, verdict):
     row = evaluate_claim(CLAIM, _runs("a", a) + _runs("b", b))
     assert row["verdict"] == verdict and "(n=3)" in row["measured"]
+
+
+def test_claims_markdown_lists_every_claim_with_its_verdict():
+    rows = [{**evaluate_claim(CLAIM, _runs("a", [0.9, 0.91, 0.92]) + _runs("b", [0.8] * 3)),
+             "paper": "P", "paper_value": "+1 | 2", "command": "make reproduce-p"},
+            {**evaluate_claim(CLAIM, []), "paper": "P", "paper_value": "x", "command": "c"}]
+    text = claims_markdown(rows)
+    assert text.count("\n| P |") == 2 and "+1 \\| 2" in text
+    assert "1 reproduced, 0 contradicted, 0 inconclusive, 1 not run" in text
 
 
 def test_claim_without_runs_is_not_run_and_thresholds_use_the_ci():
