@@ -163,10 +163,11 @@ def test_a_name_with_path_separators_is_refused_and_writes_nothing_outside(
 def test_path_component_makes_any_value_one_folder_name():
     from dpbench.utils.paths import check_inside, path_component
 
-    for value in ("../../x", "/etc/passwd", "..", ".", "", "a\\..\\b", "a\nb", "x=../y,z=1"):
+    for value in ("../../x", "/etc/passwd", "..", ".", "a\\..\\b", "a\nb", "x=../y,z=1"):
         name = path_component(value)
         assert "/" not in name and "\\" not in name and name.strip(".") and "\n" not in name
         assert check_inside(Path("outputs/runs") / name, "outputs/runs", "k")
+    assert path_component("") == ""  # no overrides: no extra folder level (stays inside)
     assert path_component("dpsgd-digits-mlp-eps3-s0") == "dpsgd-digits-mlp-eps3-s0"
     assert path_component("method.optimizer.lr=0.5,trainer.epochs=1") == (
         "method.optimizer.lr=0.5,trainer.epochs=1")

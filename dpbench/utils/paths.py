@@ -30,8 +30,8 @@ def path_component(value: Any) -> str:
     for sep in (os.sep, os.altsep):
         if sep:
             text = text.replace(sep, "_")
-    if text.strip(".") == "":
-        text = "_" * max(len(text), 1)
+    if text and text.strip(".") == "":  # "." or ".." would name a parent; "" adds no level
+        text = "_" * len(text)
     return text
 
 
