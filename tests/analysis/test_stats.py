@@ -45,3 +45,12 @@ def test_verdict_is_tie_when_interval_contains_zero():
     assert diff.low < 0 < diff.high
     assert verdict(diff) == "tie"
     assert verdict(paired_difference({0: 1.0}, {0: 0.0})) == "n/a"
+
+
+@pytest.mark.parametrize("metric", ["rmse", "mae", "mape", "crps", "js", "acf_distance", "ece",
+                                    "nll", "brier", "accuracy_parity"])
+def test_error_metrics_count_lower_as_better(metric):
+    from dpbench.analysis.stats import higher_is_better
+
+    assert not higher_is_better(metric)
+    assert higher_is_better("accuracy") and higher_is_better("worst_class_accuracy")
