@@ -17,9 +17,9 @@ from scipy import stats
 #: metrics for which a smaller value is better (the verdict flips its sign for them)
 LOWER_IS_BETTER = frozenset({"ece", "nll", "brier", "mse", "rmse", "mae", "mape", "crps",
                              "crps_normalized", "js", "acf_distance", "loss", "test_loss",
-                             "perplexity", "demographic_parity_gap", "accuracy_parity", "group_accuracy_parity",
-                             "accuracy_parity_gap", "epsilon", "total_epsilon",
-                             "wall_time_s"})
+                             "perplexity", "demographic_parity_gap", "accuracy_parity",
+                             "group_accuracy_parity", "accuracy_parity_gap", "epsilon",
+                             "total_epsilon", "wall_time_s"})
 
 
 @dataclass(frozen=True)
