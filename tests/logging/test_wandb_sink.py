@@ -1,0 +1,36 @@
+"""The W&B sink logs released values per step; un-privatised diagnostics only on request."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from dpbench.logging.wandb_sink import WandbSink
+
+STEP = {"step": 3, "clip_threshold": 0.7,
+        "private": {"loss": 0.4, "batch_size": 31, "grad_norm_p50": 1.2}}
+
+
+class _Run:
+    def __init__(self) -> None:
+        self.logged: list[dict] = []
+
+    def log(self, values: dict, step: int) -> None:
+        self.logged.append(values)
+
+
+def _logged(private_diagnostics: bool) -> dict:
+    sink = WandbSink(private_diagnostics=private_diagnostics)
+    sink.run = _Run()
+    sink.on_step_end(SimpleNamespace(step=3), STEP)
+    return sink.run.logged[0]
+
+
+def test_training_diagnostics_stay_out_of_wandb_by_default():
+    logged = _logged(False)
+    assert logged == {"train/step": 3, "train/clip_threshold": 0.7}
+
+
+def test_private_diagnostics_are_logged_apart_when_asked():
+    logged = _logged(True)
+    assert logged["private/loss"] == 0.4 and logged["private/batch_size"] == 31
+    assert not any(k.startswith("train/") and "loss" in k for k in logged)
