@@ -144,6 +144,14 @@ def _custom(module: nn.Module, x: torch.Tensor):
     return module, (lambda m, batch: m(batch[0]).flatten(1).tanh().pow(2).sum(1)), (x, None)
 
 
+def _assert_bk_matches_reference(model, loss_fn, batch) -> None:
+    """bk's per-example norms and clipped sums equal one-example-at-a-time autograd."""
+    ref, ref_norms = _reference_loop(model, loss_fn, batch)
+    sums, norms, _ = _bk(model, loss_fn, batch)
+    assert torch.allclose(norms, ref_norms, rtol=REL, atol=0)
+    _assert_close(sums, ref)
+
+
 @pytest.mark.parametrize("module,x", [
     # grouped, dilated, strided conv with bias (instantiation branch) and with long L (ghost)
     (nn.Conv2d(4, 6, 3, stride=2, padding=2, dilation=2, groups=2), torch.randn(4, 4, 9, 9)),
@@ -162,10 +170,7 @@ def test_bk_layer_rules_equal_hooks(module, x):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    ref, ref_norms = _reference_loop(model, loss_fn, batch)
-    sums, norms, _ = _bk(model, loss_fn, batch)
-    assert torch.allclose(norms, ref_norms, rtol=REL, atol=0)
-    _assert_close(sums, ref)
+    _assert_bk_matches_reference(model, loss_fn, batch)
 
 
 def test_bk_embedding_with_repeats_and_padding():
@@ -174,10 +179,7 @@ def test_bk_embedding_with_repeats_and_padding():
     model = nn.Sequential(emb, nn.Flatten(), nn.Linear(20, 3))
     ids = torch.tensor([[1, 1, 2, 0, 1], [3, 4, 5, 6, 0], [2, 2, 2, 2, 2]])
     batch = (ids, torch.tensor([0, 1, 2]))
-    ref, ref_norms = _reference_loop(model, _ce, batch)
-    sums, norms, _ = _bk(model, _ce, batch)
-    assert torch.allclose(norms, ref_norms, rtol=REL, atol=0)
-    _assert_close(sums, ref)
+    _assert_bk_matches_reference(model, _ce, batch)
 
 
 def test_bk_layer_called_twice_sums_both_calls():
@@ -188,10 +190,7 @@ def test_bk_layer_called_twice_sums_both_calls():
         return m(torch.tanh(m(batch[0]))).pow(2).sum(1)
 
     batch = (torch.randn(6, 4), None)
-    ref, ref_norms = _reference_loop(lin, loss_fn, batch)
-    sums, norms, _ = _bk(lin, loss_fn, batch)
-    assert torch.allclose(norms, ref_norms, rtol=REL, atol=0)
-    _assert_close(sums, ref)
+    _assert_bk_matches_reference(lin, loss_fn, batch)
 
 
 def test_bk_nonfinite_example_contributes_zero():
