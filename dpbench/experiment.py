@@ -20,7 +20,7 @@ from dpbench.config.schema import (
     check_seed,
 )
 from dpbench.data import get_dataset_builder
-from dpbench.data.base import carve_validation
+from dpbench.data.base import TaskData, carve_validation
 from dpbench.errors import ConfigError
 from dpbench.methods import get_method
 from dpbench.models import get_model_builder
@@ -74,6 +74,21 @@ def select_evaluation_split(data, evaluation: Any):
     return carve_validation(data, fraction)
 
 
+def load_data(cfg: DictConfig) -> TaskData:
+    """Return the data set of ``cfg`` with its own train and test splits (nothing carved).
+
+    ``build_trainer`` then applies ``evaluation.split``; ``dpbench.hpo`` calls this alone to
+    read the real test split for its selected trial only.
+    """
+    dataset_settings = _settings(cfg.dataset, "name", "task")
+    check_dataset(dataset_settings)
+    data = get_dataset_builder(cfg.dataset.name)(**dataset_settings)
+    if cfg.dataset.get("task") and cfg.dataset.task != data.task:
+        raise ConfigError(f"dataset.task is {cfg.dataset.task!r} but {data.name} is a "
+                          f"{data.task!r} data set")
+    return data
+
+
 def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
                   callbacks: list[Callback] | None = None,
                   trainer_cls: type[Trainer] = Trainer) -> Trainer:
@@ -88,14 +103,8 @@ def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
     check_privacy_matches_method(cfg.method.name, get_method(cfg.method.name).private, privacy)
     check_method_numbers(_settings(cfg.method.get("optimizer")),
                          _settings(cfg.method.get("settings")))
-    dataset_settings = _settings(cfg.dataset, "name", "task")
-    check_dataset(dataset_settings)
     method = build_method(cfg)
-    data = get_dataset_builder(cfg.dataset.name)(**dataset_settings)
-    if cfg.dataset.get("task") and cfg.dataset.task != data.task:
-        raise ConfigError(f"dataset.task is {cfg.dataset.task!r} but {data.name} is a "
-                          f"{data.task!r} data set")
-    data = select_evaluation_split(data, cfg.get("evaluation"))
+    data = select_evaluation_split(load_data(cfg), cfg.get("evaluation"))
     model = get_model_builder(cfg.model.name)(
         data.input_shape, data.num_classes, **_settings(cfg.model, "name"),
         **({"data": data} if cfg.model.get("needs_data") else {}))

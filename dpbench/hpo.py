@@ -12,12 +12,26 @@ after releasing steps keeps its ledger: those releases happened and are composed
 Composition of independent mechanisms needs independent randomness: every trial gets its own
 run seed, spawned from the search's master seed (``numpy.random.SeedSequence`` through
 ``dpbench.utils.seeding``), so no two trials share a Poisson sampler or a noise stream; the
-hyper-parameter draws are another spawned stream. Choosing the best trial by
-a score on *held-out* data (never the training set) is post-processing (Dwork and Roth 2014,
-Prop. 2.1) and costs nothing more. (Liu and Talwar 2019 and Papernot and Steinke 2022 give
-tighter bounds for a *random* number of trials; with a fixed K, composition is the theorem
-that applies.) Selection uses one half of the test set (``validation``); the selected trial is
-reported on the other half (``test``), so the reported accuracy is not selection-biased.
+hyper-parameter draws are another spawned stream.
+
+Selection never reads the test split. Every trial runs with ``evaluation.split=validation``
+(as ``dpbench-tune`` does): it trains on the training set minus a fixed validation split
+(``dpbench.data.base.carve_validation``: a data-independent permutation, the same for every
+trial) and is scored on that split. The best validation score wins; only then is the selected
+trial's trained model evaluated on the data set's real test split, and no other trial is ever
+scored on it, so the reported test accuracy is not selection-biased. At most the current best
+trial's model is kept in memory. An ``evaluation.split`` other than validation in the
+overrides is refused before any training. ``hpo.json`` records the split (fraction, seed,
+sizes) and the test split's size.
+
+What the search's epsilon covers: the examples the trials trained on. With respect to them,
+choosing a trial by its score on the disjoint validation split is post-processing (Dwork and
+Roth 2014, Prop. 2.1) and costs nothing more. The validation examples themselves are read by
+the selection without noise and are not covered, as in ``dpbench-tune --mode unaccounted``
+(docs/tuning-and-claims.md). (Liu and Talwar 2019 and Papernot and Steinke 2022 give tighter
+bounds for a *random* number of trials; with a fixed K, composition is the theorem that
+applies.) The selected trial is the reported model: it is not retrained on the full training
+set, which would be one more release to compose. docs/audit-and-hpo.md describes the search.
 
     python -m dpbench.hpo --trials 20 --out outputs/hpo -- experiment=bounded_adaclip_dutch_cpu
 """
@@ -32,16 +46,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Dataset
 
-from dpbench.data.base import SPLIT_SEED
+from dpbench.config.compose import compose_config
+from dpbench.data.base import VALIDATION_SPLIT_SEED
 from dpbench.errors import ConfigError
+from dpbench.experiment import build_trainer, load_data
 from dpbench.privacy import DEFAULT_ACCOUNTANT
 from dpbench.privacy.composition import compose_ledgers
+from dpbench.training.loop import Trainer
+from dpbench.training.prefix_cache import PrefixCachedModel, cache_features
 from dpbench.utils.io import atomic_write_json
 from dpbench.utils.seeding import stream_seed
 
 log = logging.getLogger(__name__)
+
+#: appended to every trial's overrides: trials are scored on the validation split only
+VALIDATION_SPLIT = "evaluation.split=validation"
 
 
 def search_streams(master_seed: int, trials: int) -> tuple[int, list[int]]:
@@ -81,38 +102,74 @@ def composed_epsilon(ledgers: list[list[dict]], delta: float, accountant: str = 
     return compose_ledgers(ledgers, delta, accountant)
 
 
-def _halves(n: int) -> tuple[list[int], list[int]]:
-    perm = np.random.default_rng(SPLIT_SEED + 3).permutation(n)
-    return sorted(perm[: n // 2].tolist()), sorted(perm[n // 2:].tolist())
+def check_base_overrides(base: list[str]) -> None:
+    """Refuse, before any training, overrides that would break the search's guarantees.
+
+    ``seed=``: every trial must draw its own noise. ``evaluation.split`` other than
+    ``validation`` (or the whole ``evaluation`` node): selection would read the test split.
+    """
+    for override in base:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key == "seed":
+            raise ConfigError("seed: an HPO search spawns one run seed per trial from its "
+                              "master seed (--seed); do not set seed= in the overrides")
+        if key == "evaluation" or (key == "evaluation.split" and (
+                override.startswith("~") or value != "validation")):
+            raise ConfigError(f"evaluation.split: an HPO search scores its trials on the "
+                              f"validation split carved from the training set and reads the "
+                              f"test split only for the selected trial; {override!r} would "
+                              f"let the test split drive the selection")
 
 
 def run_trial(overrides: list[str], run_dir: Path | None,
-              callbacks: list | None = None) -> dict[str, Any]:
-    """Train one trial; return its record with validation and test metrics (test halves).
+              callbacks: list | None = None) -> tuple[dict[str, Any], Trainer | None]:
+    """Train one trial and score it on the validation split; return (record, trainer).
 
-    A trial that fails during training returns a ``failed`` record that still carries the
-    ledger of the steps it released (they count towards the search's epsilon).
+    The composed config must say ``evaluation.split=validation``: the trial trains on the
+    training set minus a fixed validation split (``carve_validation``) and its metrics
+    (``validation``) are computed on that split, never on the test split. The trainer (with
+    the trained model) is returned so that the search can keep the best one; it is None for a
+    failed trial. A trial that fails during training returns a ``failed`` record that still
+    carries the ledger of the steps it released (they count towards the search's epsilon).
     """
-    from dpbench.config.compose import compose_config
-    from dpbench.experiment import build_trainer
-
     cfg = compose_config(overrides)
+    split = (cfg.get("evaluation") or {}).get("split")
+    if split != "validation":
+        raise ConfigError(f"evaluation.split: an HPO trial is scored on the validation split "
+                          f"(got {split!r})")
     trainer = build_trainer(cfg, run_dir, callbacks)
+    facts = {**_privacy_facts(trainer), "validation_split": _split_facts(cfg, trainer)}
     try:
         summary = trainer.fit()
     except Exception as err:  # a diverged trial still spent its privacy: keep its ledger
         return {"overrides": overrides, "failed": f"{type(err).__name__}: {err}",
-                "validation": {}, "test": {}, "epsilon": trainer.epsilon(),
-                "privacy_ledger": trainer.ledger.to_json(), **_privacy_facts(trainer)}
-    val_idx, test_idx = _halves(len(trainer.data.test))
-    bs = trainer.settings.eval_batch_size
-    scores = {}
-    for name, idx in (("validation", val_idx), ("test", test_idx)):
-        loader = DataLoader(Subset(trainer.data.test, idx), batch_size=bs)
-        scores[name] = trainer.method.evaluate(trainer.task, trainer.model, loader,
-                                               trainer.device)
+                "validation": {}, "epsilon": trainer.epsilon(),
+                "privacy_ledger": trainer.ledger.to_json(), **facts}, None
+    # the final evaluation of fit() ran on trainer.data.test, the carved validation split
     return {"overrides": overrides, "epsilon": summary["epsilon"],
-            "privacy_ledger": summary["privacy_ledger"], **_privacy_facts(trainer), **scores}
+            "privacy_ledger": summary["privacy_ledger"], **facts,
+            "validation": summary["metrics"]}, trainer
+
+
+def _split_facts(cfg: Any, trainer: Trainer) -> dict[str, Any]:
+    """Return the validation split a trial used: fraction, seed and sizes."""
+    n_train, n_val = len(trainer.data.train), len(trainer.data.test)
+    return {"fraction": float(cfg.evaluation.validation_fraction),
+            "seed": VALIDATION_SPLIT_SEED, "training_set_size": n_train + n_val,
+            "validation_size": n_val, "trial_train_size": n_train}
+
+
+def evaluate_on_test(trainer: Trainer, test: Dataset) -> dict[str, Any]:
+    """Return the trained model's metrics on ``test`` (raw examples of the data set's test split).
+
+    The search calls it for the selected trial only, after the selection, with the test split
+    loaded by ``load_data`` (nothing carved); nothing else in the search reads the test split.
+    """
+    bs = trainer.settings.eval_batch_size
+    if isinstance(trainer.model, PrefixCachedModel):  # the trial trained on cached features
+        test = cache_features(trainer.model.model, test, trainer.device, bs)
+    loader = DataLoader(test, batch_size=bs)
+    return trainer.method.evaluate(trainer.task, trainer.model, loader, trainer.device)
 
 
 def _privacy_facts(trainer: Any) -> dict[str, Any]:
@@ -129,42 +186,58 @@ def _search_accountant(records: list[dict]) -> str:
 
 def random_search(base: list[str], trials: list[dict], select: str,
                   out: Path | None = None, seeds: list[int] | None = None) -> dict[str, Any]:
-    """Run the trials, select the best by the validation ``select`` metric, account the search.
+    """Run the trials, select the best by its validation ``select`` metric, account the search.
 
+    Every trial is scored on the fixed validation split (``evaluation.split=validation`` is
+    appended to its overrides); only the selected trial is evaluated on the test split, after
+    all trials ran (``best["test"]``). At most the current best trial's trained model is kept.
     ``seeds``: one run seed per trial (default: ``search_streams(0, len(trials))``); a
-    ``seed=`` in ``base`` is refused, since every trial must draw its own noise.
+    ``seed=`` or an ``evaluation.split`` other than validation in ``base`` is refused.
     """
-    if any(o.lstrip("+~").split("=", 1)[0] == "seed" for o in base):
-        raise ConfigError("seed: an HPO search spawns one run seed per trial from its master "
-                          "seed (--seed); do not set seed= in the overrides")
+    check_base_overrides(base)
     seeds = seeds if seeds is not None else search_streams(0, len(trials))[1]
     if len(seeds) != len(trials) or len(set(seeds)) != len(seeds):
         raise ConfigError("random_search needs one distinct seed per trial")
-    records = []
+    records: list[dict[str, Any]] = []
+    best: dict[str, Any] | None = None
+    best_trainer: Trainer | None = None
     for i, (trial, seed) in enumerate(zip(trials, seeds)):
-        overrides = [*base, *(f"{k}={v}" for k, v in trial.items()), f"seed={seed}"]
+        overrides = [*base, *(f"{k}={v}" for k, v in trial.items()), VALIDATION_SPLIT,
+                     f"seed={seed}"]
         try:
-            rec = run_trial(overrides, None)
+            rec, trainer = run_trial(overrides, None)
         except Exception as err:  # failed before training: nothing was released
-            rec = {"overrides": overrides, "failed": f"{type(err).__name__}: {err}",
-                   "validation": {}, "test": {}, "privacy_ledger": []}
+            rec, trainer = {"overrides": overrides, "failed": f"{type(err).__name__}: {err}",
+                            "validation": {}, "privacy_ledger": []}, None
         if "failed" in rec:
             log.warning("trial %d failed: %s", i, rec["failed"])
-        records.append({"trial": i, "seed": seed, **trial, **rec})
-        log.info("trial %d: %s -> %s", i, trial, rec.get("validation", {}).get(select))
-    done = [r for r in records if r["validation"]]
-    best = max(done, key=lambda r: r["validation"][select]) if done else None
+        record = {"trial": i, "seed": seed, **trial, **rec}
+        records.append(record)
+        score = _score(rec["validation"], select) if trainer is not None else None
+        log.info("trial %d: %s -> validation %s = %s", i, trial, select, score)
+        if score is not None and (best is None or score > best["validation"][select]):
+            best, best_trainer = record, trainer  # the previous best's model is released
+        del trainer
+    if best is not None:  # the test split is read here, for the selected trial only
+        test = load_data(compose_config(best["overrides"])).test
+        best = {**best, "test": evaluate_on_test(best_trainer, test), "test_size": len(test)}
+    best_trainer = None
     delta = next((r["delta"] for r in records if r.get("delta")), None)
     accountant = _search_accountant(records)
     ledgers = [r["privacy_ledger"] for r in records]
     result = {
-        "select_metric": select, "trials": records, "best": best,
+        "select_metric": select, "selection_split": "validation",
+        "validation_split": next((r["validation_split"] for r in records
+                                  if r.get("validation_split")), None),
+        "trials": records, "best": best,
         "search_epsilon": (composed_epsilon(ledgers, delta, accountant) if delta else math.nan),
         "search_delta": delta, "search_accountant": accountant, "trial_seeds": list(seeds),
         "per_trial_epsilon": [r.get("epsilon") for r in records],
         "theorem": "adaptive composition of all trials, failed ones included (one accountant "
-                   "over the concatenated ledgers); selection on held-out data is "
-                   "post-processing; each trial has its own spawned seed",
+                   "over the concatenated ledgers) covers the examples the trials trained on; "
+                   "selection on the validation split is post-processing for them (the "
+                   "validation examples are read without noise and are not covered); each "
+                   "trial has its own spawned seed",
     }
     if any("failed" in r for r in records):
         result["note"] = ("failed trials are listed; the steps they released before failing "
@@ -172,6 +245,15 @@ def random_search(base: list[str], trials: list[dict], select: str,
     if out is not None:
         atomic_write_json(out / "hpo.json", result)
     return result
+
+
+def _score(metrics: dict[str, Any], select: str) -> float | None:
+    """Return the trial's validation ``select`` metric (None if not finite; refused if absent)."""
+    if select not in metrics:
+        raise ConfigError(f"--select {select}: the trials report "
+                          f"{', '.join(k for k, v in metrics.items() if not isinstance(v, list))}")
+    score = float(metrics[select])
+    return score if math.isfinite(score) else None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,10 +1,11 @@
 """Wall-clock per DP step of FIBER, DiSK and BandMF relative to DP-AdamW, in one process.
 
-All methods train the same model on the same pre-drawn Poisson batches. After a warm-up (which
-also gives the two-point methods a non-zero displacement d, so they take both evaluations),
-repetitions are interleaved with a rotating method order, so drifts in machine load hit every
-method alike. Reports the median seconds per step and the ratios to DP-AdamW, in wall-clock
-and in process CPU time.
+Also BandMF relative to DP-SGD (``bandmf/dpsgd``): the overhead of its correlated noise over
+the plain step. All methods train the same model on the same pre-drawn Poisson batches. After
+a warm-up (which also gives the two-point methods a non-zero displacement d, so they take both
+evaluations), repetitions are interleaved with a rotating method order, so drifts in machine
+load hit every method alike. Reports the median seconds per step and the ratios, in
+wall-clock and in process CPU time.
 
     python scripts/bench_fiber_step.py [--steps 5 --reps 7 --preset fiber_mnist_cpu] \
         [--out outputs/fiber/bench.json] [hydra overrides, e.g. trainer.batch_size=512]
@@ -23,7 +24,9 @@ import torch
 from dpbench.config.compose import compose_config
 from dpbench.experiment import build_trainer
 
-METHODS = ("dpadamw", "disk", "fiber", "bandmf")
+METHODS = ("dpadamw", "disk", "fiber", "bandmf", "dpsgd")
+#: extra ratios besides every method against DP-AdamW
+PAIRS = (("bandmf", "dpsgd"),)
 DEFAULTS = ["logger=none", "trainer.progress=false", "trainer.checkpoint=false"]
 
 
@@ -69,6 +72,9 @@ def main() -> None:
     ratios = {f"{m}/dpadamw": {"wall": med[m]["wall_s_per_step"] / base["wall_s_per_step"],
                                "cpu": med[m]["cpu_s_per_step"] / base["cpu_s_per_step"]}
               for m in METHODS if m != "dpadamw"}
+    for m, ref in PAIRS:
+        ratios[f"{m}/{ref}"] = {k: med[m][f"{k}_s_per_step"] / med[ref][f"{k}_s_per_step"]
+                                for k in ("wall", "cpu")}
     result = {"config": [*DEFAULTS, *overrides], "steps": args.steps, "reps": args.reps,
               "warmup": args.warmup, "threads": args.threads,
               "batch_size_expected": first.plan.expected_batch_size,

@@ -1,4 +1,4 @@
-"""DP-HPO: trial sampling, the search's composed epsilon, held-out selection."""
+"""DP-HPO: trial sampling, the search's composed epsilon, selection on the validation split."""
 
 from __future__ import annotations
 
@@ -9,10 +9,21 @@ import numpy as np
 import pytest
 import torch
 from opacus.accountants import RDPAccountant
+from torch.utils.data import Subset
 
 import dpbench.hpo
+from dpbench.config.compose import compose_config
+from dpbench.data.base import VALIDATION_SPLIT_SEED, fixed_split, validation_indices
 from dpbench.errors import ConfigError, TrainingDiverged
-from dpbench.hpo import composed_epsilon, random_search, sample_trials, search_streams
+from dpbench.experiment import load_data
+from dpbench.hpo import (
+    composed_epsilon,
+    random_search,
+    run_trial,
+    sample_trials,
+    search_streams,
+)
+from dpbench.methods.base import DPMethod
 from dpbench.privacy import PrivacyAccountant
 from dpbench.privacy.composition import compose_ledgers
 from dpbench.training.loop import Trainer
@@ -154,3 +165,82 @@ def test_the_search_composes_through_the_privacy_package():
 def test_a_fixed_seed_in_the_overrides_is_refused():
     with pytest.raises(ConfigError, match="seed"):
         random_search([*TINY_SEARCH, "seed=3"], SAME_B, "accuracy")
+
+
+def _origin(dataset) -> tuple[torch.Tensor, list[int]]:
+    """Return the base tensors of ``dataset`` and the positions in them that it reads."""
+    positions = list(range(len(dataset)))
+    while isinstance(dataset, Subset):
+        positions = [dataset.indices[i] for i in positions]
+        dataset = dataset.dataset
+    return dataset.tensors[0], positions
+
+
+def test_selection_reads_only_validation_and_the_test_split_only_for_the_selected_trial(
+        monkeypatch):
+    """Every trial is scored on examples carved from the training split; then one evaluation,
+    of the selected trial's model, reads the real test split, which no other evaluation read.
+
+    (Scoring each trial on half of the test split, as this search once did, fails the
+    assertions on the evaluations made during the search.)
+    """
+    evaluations = []
+    evaluate = DPMethod.evaluate
+
+    def record(self, task, model, loader, device):
+        params = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+        evaluations.append((_origin(loader.dataset), params))
+        return evaluate(self, task, model, loader, device)
+
+    monkeypatch.setattr(DPMethod, "evaluate", record)
+    trials = [{"method.optimizer.lr": lr, "trainer.batch_size": 100} for lr in (0.05, 0.5, 2.0)]
+    out = random_search(TINY_SEARCH, trials, "accuracy")
+
+    data = load_data(compose_config(TINY_SEARCH))
+    n_train = len(data.train)
+    carved_train, carved_val = validation_indices(n_train, 0.15)
+    # positions in the whole digits array (fixed_split), to compare the two splits directly
+    whole_train, whole_test = fixed_split(n_train + len(data.test), 0.8)
+    val_examples = set(whole_train[carved_val].tolist())
+    test_examples = set(whole_test.tolist())
+    assert val_examples and not val_examples & test_examples
+
+    *during, (after, best_params) = evaluations
+    assert len(during) == len(trials)  # one final evaluation per trial, none on the test split
+    for (base, positions), _ in during:
+        assert torch.equal(base, data.train.tensors[0])
+        assert positions == carved_val.tolist()
+        assert set(whole_train[positions].tolist()) == val_examples
+        assert not set(whole_train[positions].tolist()) & test_examples
+    base, positions = after
+    assert torch.equal(base, data.test.tensors[0]) and positions == list(range(len(data.test)))
+
+    best = out["best"]
+    scores = [r["validation"]["accuracy"] for r in out["trials"]]
+    assert best["trial"] == int(np.argmax(scores)) and len(set(scores)) > 1
+    # the test evaluation saw the selected trial's trained model, and no other's
+    assert torch.equal(best_params, during[best["trial"]][1])
+    assert all(not torch.equal(best_params, p) for i, (_, p) in enumerate(during)
+               if i != best["trial"])
+    assert best["test_size"] == len(data.test) and math.isfinite(best["test"]["accuracy"])
+    assert all("test" not in r for r in out["trials"])
+    assert out["validation_split"] == {
+        "fraction": 0.15, "seed": VALIDATION_SPLIT_SEED, "training_set_size": n_train,
+        "validation_size": len(carved_val), "trial_train_size": len(carved_train)}
+    assert all("evaluation.split=validation" in r["overrides"] for r in out["trials"])
+
+
+@pytest.mark.parametrize("override", ["evaluation.split=test", "+evaluation.split=test",
+                                      "~evaluation.split", "evaluation={split: test}"])
+def test_a_test_split_in_the_overrides_is_refused_before_training(monkeypatch, override):
+    def no_training(self):
+        raise AssertionError("a trial trained")
+
+    monkeypatch.setattr(Trainer, "fit", no_training)
+    with pytest.raises(ConfigError, match="evaluation.split"):
+        random_search([*TINY_SEARCH, override], SAME_B, "accuracy")
+
+
+def test_a_trial_must_be_scored_on_the_validation_split():
+    with pytest.raises(ConfigError, match="evaluation.split"):
+        run_trial([*TINY_SEARCH, "seed=1"], None)  # evaluation.split defaults to test
