@@ -9,6 +9,7 @@ total epsilon of search + run (docs/tuning-and-claims.md, "Tuning").
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +48,30 @@ def read_choices(path: str | Path) -> dict[str, Any]:
     return cells
 
 
+@contextmanager
+def _locked(path: Path):
+    """Hold an exclusive lock beside ``path`` (parallel searches write one choices file)."""
+    try:
+        import fcntl
+    except ImportError:  # no POSIX locks: one search process at a time (dpbench-tune --jobs 1)
+        yield
+        return
+    with open(path.with_name(path.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def write_choice(path: str | Path, key: str, choice: dict[str, Any]) -> None:
-    """Add or replace one cell's choice in the choices file (atomically)."""
+    """Add or replace one cell's choice in the choices file (atomically, under a lock, so
+    that cells searched in parallel processes never drop each other's choices)."""
     path = Path(path)
-    cells = read_choices(path) if path.exists() else {}
-    cells[key] = choice
-    atomic_write_json(path, {"cells": dict(sorted(cells.items()))})
+    with _locked(path):
+        cells = read_choices(path) if path.exists() else {}
+        cells[key] = choice
+        atomic_write_json(path, {"cells": dict(sorted(cells.items()))})
 
 
 def apply_tuned(cfg: DictConfig) -> DictConfig:

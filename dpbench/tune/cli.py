@@ -7,6 +7,8 @@ every seed and report mean, 95 % CI and a verdict against a baseline (docs/tunin
 Writes ``OUT/choices.json`` (reused later by ``dpbench ... tuned=OUT/choices.json``), one
 ``OUT/runs/<run name>/results.json`` per final run and ``OUT/report.md``. A cell whose choice
 is already in ``choices.json`` is not searched again (``--research`` forces a new search).
+``--jobs k`` searches and trains k cells at a time, each in its own process with
+``max(1, cores // k)`` torch threads.
 """
 
 from __future__ import annotations
@@ -79,12 +81,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--metric", default="accuracy", help="test metric of the report")
     p.add_argument("--research", action="store_true", help="search again cells already chosen")
     p.add_argument("--out", type=Path, default=Path("outputs/tune"))
+    p.add_argument("--jobs", type=int, default=1,
+                   help="cells at a time, one process each (default 1: in this process)")
     p.add_argument("overrides", nargs="*", help="sweep overrides, e.g. method=dpsgd,dpadam")
     args = p.parse_args(argv)
     if not args.lrs:
         p.error("--lrs needs at least one learning rate")
     if not 0.0 < args.validation_fraction < 1.0:
         p.error("--validation-fraction must be in (0, 1)")
+    if args.jobs < 1:
+        p.error("--jobs must be at least 1")
     return args
 
 
@@ -92,26 +98,57 @@ def run(args: argparse.Namespace) -> Path:
     """Search every cell (or reuse its choice), train the choices on every seed; return OUT."""
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
+    cells = expand_cells(args.overrides)
+    jobs = min(args.jobs, len(cells))
+    if jobs <= 1:
+        for cell in cells:
+            run_cell(cell, args)
+        return out
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from dpbench.utils.threads import available_cores
+
+    threads = max(1, available_cores() // jobs)
+    # spawn, not fork: a forked child would inherit this process's torch thread pools
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_init_worker, initargs=(threads,)) as pool:
+        for done in [pool.submit(run_cell, cell, args) for cell in cells]:
+            done.result()  # re-raise a worker's error here
+    return out
+
+
+def _init_worker(threads: int) -> None:
+    """Set up one --jobs worker: its share of the cores (unless OMP_NUM_THREADS is set)."""
+    import os
+
+    logging.basicConfig(level=logging.INFO, format="[dpbench-tune] %(message)s")
+    if not os.environ.get("OMP_NUM_THREADS"):
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def run_cell(cell: list[str], args: argparse.Namespace) -> None:
+    """Search one cell (unless its choice is stored) and train the choice on every seed."""
+    from dpbench.tune.choices import cfg_cell_key
+
+    out = args.out
     choices = out / CHOICES_NAME
     settings = TuneSettings(lrs=args.lrs, mode=args.mode, select=args.select,
                             validation_fraction=args.validation_fraction,
                             selection_epsilon=args.selection_epsilon,
                             master_seed=args.master_seed)
-    for cell in expand_cells(args.overrides):
-        key_cfg = compose_config([*_QUIET, *cell])
-        from dpbench.tune.choices import cfg_cell_key
-
-        key = cfg_cell_key(key_cfg)
-        known = read_choices(choices) if choices.exists() else {}
-        if args.research or key not in known or known[key]["mode"] != args.mode:
-            choice = search_cell(cell, settings, train)
-            write_choice(choices, key, choice)
-            log.info("%s: chose %s", key, choice["overrides"])
-        for seed in args.seeds:
-            cfg = compose_config([*_QUIET, *cell, f"seed={seed}"])
-            run_dir = out / "runs" / str(cfg.run_name)
-            train([*cell, f"tuned={choices}", f"seed={seed}"], run_dir)
-    return out
+    key = cfg_cell_key(compose_config([*_QUIET, *cell]))
+    known = read_choices(choices) if choices.exists() else {}
+    if args.research or key not in known or known[key]["mode"] != args.mode:
+        choice = search_cell(cell, settings, train)
+        write_choice(choices, key, choice)
+        log.info("%s: chose %s", key, choice["overrides"])
+    for seed in args.seeds:
+        cfg = compose_config([*_QUIET, *cell, f"seed={seed}"])
+        run_dir = out / "runs" / str(cfg.run_name)
+        train([*cell, f"tuned={choices}", f"seed={seed}"], run_dir)
 
 
 def report(out: Path, metric: str, baseline: str | None) -> str:

@@ -55,3 +55,22 @@ def test_reproduction_specs_are_complete(paper):
     for claim in spec["claims"]:
         assert {"claim", "paper_value", "metric"} <= set(claim)
         assert evaluate_claim(claim, [])["verdict"] == "not run"
+
+
+def test_reproduce_shares_its_parallelism_with_every_sweep(tmp_path):
+    """--jobs reaches both kinds of sweep: tuned cells (dpbench-tune --jobs) and plain sweeps
+    (the joblib launcher); the default is one job per core at cpu scale, one at paper scale."""
+    from dpbench.analysis.reproduce import default_jobs, parse_args, sweep_commands
+    from dpbench.utils.threads import available_cores
+
+    args = parse_args(["fiber", "bounded_adaclip", "--jobs", "2", "--out", str(tmp_path)])
+    jobs = [job for paper in args.papers for job in sweep_commands(load_spec(paper), args,
+                                                                   tmp_path / paper)]
+    tuned = [job["tune"] for job in jobs if "tune" in job]
+    plain = [job["cmd"] for job in jobs if "cmd" in job]
+    assert tuned and plain
+    assert all(argv[argv.index("--jobs") + 1] == "2" for argv in tuned)
+    assert all("hydra.launcher.n_jobs=2" in cmd for cmd in plain)
+    assert default_jobs("cpu") == min(available_cores(), 8) and default_jobs("paper") == 1
+    with pytest.raises(SystemExit):
+        parse_args(["fiber", "--jobs", "0"])
