@@ -30,9 +30,14 @@ from dpbench.training.engines import build_engine
 from dpbench.training.step import private_release
 from dpbench.utils.conf import GRAD_SAMPLE_MODES
 
-#: model -> (input shape, batch size on CPU, batch size on CUDA)
+#: model -> (input shape, batch size on CPU, batch size on CUDA); text models' shape is the
+#: sequence length
 DEFAULT_MODELS = {"mlp": ((1, 8, 8), 256, 1024), "cnn2": ((1, 28, 28), 256, 1024),
                   "resnet18": ((3, 32, 32), 64, 256)}
+#: text models: (builder settings, as the SST-2 presets use them); not in the default set
+#: (the packaged MiniLM is a large download for a first ``make bench``)
+TEXT_MODELS = {"minilm_lora": {"layers": [4, 5]}}
+CACHED = "dpbench bk + prefix cache"
 DPBENCH_MODES = tuple(m for m in GRAD_SAMPLE_MODES if m != "auto")
 OPACUS_MODES = ("hooks", "ghost")
 
@@ -42,42 +47,69 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def _nonprivate_step(model, x, y) -> Callable[[], None]:
-    task = get_task("classification")()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+def _forward(model, batch):
+    """Return the logits of ``batch`` (images: (x, y); text: (input_ids, mask, y))."""
+    if len(batch) == 3:
+        return model(input_ids=batch[0], attention_mask=batch[1])
+    return model(batch[0])
+
+
+def _task(batch):
+    return get_task("text_classification" if len(batch) == 3 else "classification")()
+
+
+def _nonprivate_step(model, batch) -> Callable[[], None]:
+    task = _task(batch)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
 
     def step() -> None:
-        task.per_example_loss(model, (x, y)).mean().backward()
+        task.per_example_loss(model, batch).mean().backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     return step
 
 
-def _dpbench_step(model, mode: str, x, y, device) -> Callable[[], None]:
+def _dpbench_step(model, mode: str, batch, device) -> Callable[[], None]:
     """Return one dpbench DP-SGD step (the loop's release + update) in grad-sample ``mode``."""
-    task = get_task("classification")()
+    task = _task(batch)
     engine = build_engine(model, mode)
     method = get_method("dpsgd")(optimizer=lambda p: torch.optim.SGD(p, lr=1e-3))
     method.params, method.optimizer = engine.params, torch.optim.SGD(engine.params, lr=1e-3)
     gen = torch.Generator(device=device).manual_seed(0)
-    batch = x.shape[0]
+    size = batch[0].shape[0]
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=1.0,
-                      expected_batch_size=float(batch), sample_rate=0.01,
-                      dataset_size=batch * 100, total_steps=1, generator=gen)
+                      expected_batch_size=float(size), sample_rate=0.01,
+                      dataset_size=size * 100, total_steps=1, generator=gen)
 
     def step() -> None:
-        release = private_release(method, engine, task, (x, y), ctx, 1.0, None)
+        release = private_release(method, engine, task, batch, ctx, 1.0, None)
         method.update(release.grads, ctx)
     return step
 
 
-def _opacus_step(model, mode: str, x, y) -> Callable[[], None]:
+def _cached_step(model, batch, device) -> Callable[[], None]:
+    """Return the bk step on the frozen prefix's features, computed once for the batch (as
+    ``trainer.cache_frozen_prefix`` computes them once per example; that one-off cost is not
+    in the step time)."""
+    from dpbench.training.prefix_cache import PrefixCachedModel, supports_prefix_cache
+
+    if not supports_prefix_cache(model):
+        raise ValueError("the model has no frozen prefix to cache")
+    with torch.no_grad():
+        model.eval()
+        features = model.prefix_features(batch[0], batch[1])
+        model.train()
+    return _dpbench_step(PrefixCachedModel(model), "bk", (features, *batch[1:]), device)
+
+
+def _opacus_step(model, mode: str, batch) -> Callable[[], None]:
     """Return one step of raw Opacus ``make_private`` (its loss wrapper in ghost mode)."""
     from opacus import PrivacyEngine
     from torch.utils.data import DataLoader, TensorDataset
 
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    loader = DataLoader(TensorDataset(x.cpu(), y.cpu()), batch_size=x.shape[0])
+    y = batch[-1]
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    loader = DataLoader(TensorDataset(*(t.cpu() for t in batch)), batch_size=y.shape[0])
     engine = PrivacyEngine()
     out = engine.make_private(module=model, optimizer=opt, data_loader=loader,
                               noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False,
@@ -86,7 +118,8 @@ def _opacus_step(model, mode: str, x, y) -> Callable[[], None]:
     criterion = out[2] if mode == "ghost" else torch.nn.CrossEntropyLoss()
 
     def step() -> None:
-        loss = criterion(dp_model(x), y) if mode == "ghost" else F.cross_entropy(dp_model(x), y)
+        logits = _forward(dp_model, batch)
+        loss = criterion(logits, y) if mode == "ghost" else F.cross_entropy(logits, y)
         loss.backward()
         dp_opt.step()
         dp_opt.zero_grad(set_to_none=True)
@@ -100,19 +133,19 @@ def bench_model(name: str, modes: list[str], opacus_modes: list[str], batch: int
     "opacus <mode>") on one model and batch, repetitions interleaved; failed variants map to
     nan."""
     torch.manual_seed(0)
-    base = get_model_builder(name)(shape, 10).to(device)
-    x = torch.randn(batch, *shape, device=device)
-    y = torch.randint(0, 10, (batch,), device=device)
-    steps: dict[str, Callable[[], None]] = {"nonprivate": _nonprivate_step(base, x, y)}
+    base, data = _model_and_batch(name, shape, batch, device)
+    steps: dict[str, Callable[[], None]] = {"nonprivate": _nonprivate_step(base, data)}
     failed: dict[str, str] = {}
     for mode in modes:
         try:
-            steps[f"dpbench {mode}"] = _dpbench_step(copy.deepcopy(base), mode, x, y, device)
+            steps[f"dpbench {mode}"] = _dpbench_step(copy.deepcopy(base), mode, data, device)
         except Exception as err:  # a mode a model does not support
             failed[f"dpbench {mode}"] = type(err).__name__
+    if name in TEXT_MODELS:
+        steps[CACHED] = _cached_step(copy.deepcopy(base), data, device)
     for mode in opacus_modes:
         try:
-            steps[f"opacus {mode}"] = _opacus_step(copy.deepcopy(base), mode, x, y)
+            steps[f"opacus {mode}"] = _opacus_step(copy.deepcopy(base), mode, data)
         except Exception as err:
             failed[f"opacus {mode}"] = type(err).__name__
     times: dict[str, list[float]] = {k: [] for k in steps}
@@ -140,6 +173,21 @@ def bench_model(name: str, modes: list[str], opacus_modes: list[str], batch: int
     return result
 
 
+def _model_and_batch(name: str, shape, batch: int, device: torch.device):
+    """Return (model, batch): random images and 10 labels, or token ids of length shape[0]
+    with padded tails and 2 labels for a text model."""
+    if name not in TEXT_MODELS:
+        model = get_model_builder(name)(shape, 10).to(device)
+        return model, (torch.randn(batch, *shape, device=device),
+                       torch.randint(0, 10, (batch,), device=device))
+    model = get_model_builder(name)(None, 2, **TEXT_MODELS[name]).to(device)
+    length = shape[0]
+    ids = torch.randint(1000, 20000, (batch, length), device=device)
+    lengths = torch.randint(length // 2, length + 1, (batch, 1), device=device)
+    mask = (torch.arange(length, device=device) < lengths).long()
+    return model, (ids * mask, mask, torch.randint(0, 2, (batch,), device=device))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="dpbench-bench",
@@ -147,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                     "grad-sample modes and raw Opacus make_private, measured in one process "
                     "(warm-up, interleaved repetitions).")
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS),
-                        choices=list(DEFAULT_MODELS))
+                        choices=[*DEFAULT_MODELS, *TEXT_MODELS])
     parser.add_argument("--modes", nargs="+", default=list(DPBENCH_MODES),
                         choices=list(DPBENCH_MODES), help="dpbench grad-sample modes")
     parser.add_argument("--opacus-modes", nargs="*", default=list(OPACUS_MODES),
@@ -175,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| model | variant | batch | ms / step | / non-private | / best Opacus |")
     print("|---|---|---|---|---|---|")
     for name in args.models:
-        shape, b_cpu, b_gpu = DEFAULT_MODELS[name]
+        shape, b_cpu, b_gpu = DEFAULT_MODELS.get(name, ((32,), 64, 256))  # text: SST-2's
         batch = args.batch_size or (b_gpu if device.type == "cuda" else b_cpu)
         reps = args.reps if name != "resnet18" or device.type == "cuda" else min(args.reps, 6)
         r = bench_model(name, args.modes, args.opacus_modes, batch, shape, device, reps,

@@ -27,3 +27,14 @@ def test_bench_cli_prints_the_table(capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "| mlp | dpbench bk | 8 |" in out and "| mlp | opacus ghost | 8 |" in out
+
+
+def test_bench_text_model_has_a_prefix_cached_row():
+    """MiniLM with LoRA on its top 2 layers: token-id batches, and the bk step on cached
+    features of the frozen bottom 4 layers as its own row."""
+    from dpbench.bench import CACHED
+
+    r = bench_model("minilm_lora", ["bk"], [], 4, (16,), torch.device("cpu"), reps=1,
+                    warmup=1)
+    assert set(r) == {"nonprivate", "dpbench bk", CACHED}
+    assert all(math.isfinite(v) and v > 0 for v in r.values())

@@ -80,7 +80,7 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
     params = engine.params
     points = method.evaluation_points(ctx)
     sensitivity = method.sensitivity(ctx)
-    sums = [torch.zeros_like(p) for p in params]
+    sums: list[torch.Tensor] | None = None  # the first chunk's sums (fresh tensors) start it
     extra_sums: dict[str, torch.Tensor] = {}
     extra_specs: dict[str, ExtraQuery] = {}
     losses, norms_all, factors_all = [], [], []
@@ -99,8 +99,9 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
                 task.observe_per_example_gradients(
                     {k: v[dev] for k, v in engine.layer_norms().items()}, norms[dev],
                     ctx.clip_norm)
-            chunk_sums = [points[0].weight * s for s in chunk_sums]
-            norms = norms * abs(points[0].weight)
+            if points[0].weight != 1.0:
+                chunk_sums = [points[0].weight * s for s in chunk_sums]
+                norms = norms * abs(points[0].weight)
         else:
             combined, loss = None, None
             for point in points:  # stage 4: u_i = sum_k w_k g_i(point_k), before clipping
@@ -130,9 +131,13 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
             chunk_sums = [torch.einsum("i,i...->...", factors.to(c.dtype), c) for c in combined]
         if check_sensitivity:
             _check_bound("gradient", factors * norms, sensitivity)
-        for s, c in zip(sums, chunk_sums):
-            s.add_(c)
-        kept_norms = norms[kept.to(norms.device)]
+        if sums is None:
+            sums = list(chunk_sums)
+        else:
+            for s, c in zip(sums, chunk_sums):
+                s.add_(c)
+        every = bool(kept.all())  # the common case: no boolean indexing
+        kept_norms = norms if every else norms[kept.to(norms.device)]
         for q in method.extra_queries(kept_norms, ctx):  # dropped examples make no query
             if check_sensitivity:
                 _check_bound(q.name, q.values.abs(), q.sensitivity)
@@ -140,16 +145,24 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
             extra_specs[q.name] = q
         losses.append(loss.detach())
         norms_all.append(kept_norms.detach())
-        factors_all.append(factors[kept.to(factors.device)].detach())
+        factors_all.append((factors if every else factors[kept.to(factors.device)]).detach())
+    if sums is None:  # an empty batch: zero sums (the noise is still added)
+        sums = [torch.zeros_like(p) for p in params]
     if not extra_specs:  # an empty batch still releases every query the method makes
         extra_specs = {q.name: q for q in method.extra_queries(
             torch.zeros(0, device=sums[0].device), ctx)}
     queries = gradient_queries(method, ctx, sigma, list(extra_specs.values()))
     return Aggregate(
         sums=sums, extra_sums=extra_sums, extra_specs=extra_specs, queries=queries,
-        realised_batch=n, losses=torch.cat(losses) if losses else torch.zeros(0),
-        norms=torch.cat(norms_all) if norms_all else torch.zeros(0),
-        factors=torch.cat(factors_all) if factors_all else torch.zeros(0))
+        realised_batch=n, losses=_joined(losses), norms=_joined(norms_all),
+        factors=_joined(factors_all))
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Return the chunks' values as one tensor (no copy for a single chunk)."""
+    if not parts:
+        return torch.zeros(0)
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def private_release(method: DPMethod, engine: PerExampleGradients, task: Task, batch,
@@ -169,7 +182,7 @@ def private_release(method: DPMethod, engine: PerExampleGradients, task: Task, b
                            generator=ctx.generator) for s in sums]
     if noise_shaper is not None:
         noises = noise_shaper(noises)
-    released = [(s + noise) / ctx.expected_batch_size for s, noise in zip(sums, noises)]
+    released = [(s + noise).div_(ctx.expected_batch_size) for s, noise in zip(sums, noises)]
     noisy_extras = {}
     for name, q in extra_specs.items():
         value = torch.as_tensor(extra_sums.get(name, 0.0), device=sums[0].device,
