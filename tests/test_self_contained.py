@@ -50,3 +50,15 @@ def test_docs_pages_named_in_code_exist(root):
 def test_readme_links_resolve():
     links = re.findall(r"\]\(([^)#]+\.md)\)", (REPO / "README.md").read_text())
     assert links and [link for link in links if not (REPO / link).is_file()] == []
+
+
+def test_every_command_the_docs_name_is_installed():
+    """A ``dpbench-*`` command named in the README or docs is a console script of the
+    package (not only a module a user would have to know to run with ``python -m``)."""
+    project = (REPO / "pyproject.toml").read_text()
+    section = project.split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    scripts = set(re.findall(r"^(dpbench[-a-z]*) = ", section, flags=re.M))
+    texts = [(REPO / "README.md").read_text(), *(p.read_text() for p in
+                                                 sorted((REPO / "docs").glob("*.md")))]
+    named = {m for text in texts for m in re.findall(r"\bdpbench-[a-z]+\b", text)}
+    assert named and named <= scripts, sorted(named - scripts)
