@@ -139,8 +139,23 @@ def load_frame(root: str | Path) -> pd.DataFrame:
     return frame
 
 
-def eps_label(value: Any) -> str:
-    """Return the column label of a target epsilon (``eps=n/a`` for non-private runs)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "eps=n/a"
-    return f"eps={value:g}"
+def eps_label(value: Any, noise_multiplier: Any = None) -> str:
+    """Return the column label of a run: ``eps=<target>``; for a private run with a fixed
+    noise multiplier and no target, ``sigma=<multiplier>`` (runs at different noise levels
+    are different cells); ``eps=n/a`` for non-private runs."""
+    if not _missing(value):
+        return f"eps={value:g}"
+    if not _missing(noise_multiplier):
+        return f"sigma={noise_multiplier:g}"
+    return "eps=n/a"
+
+
+def row_eps_label(row: Any) -> str:
+    """Return ``eps_label`` of a frame row (its noise multiplier counts for private runs)."""
+    private = row.get("private")
+    sigma = row.get("noise_multiplier") if private is True or private == 1 else None
+    return eps_label(row.get("target_epsilon"), sigma)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))

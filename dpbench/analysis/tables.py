@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from dpbench.analysis.results import eps_label
+from dpbench.analysis.results import row_eps_label
 from dpbench.analysis.stats import (
     Interval,
     higher_is_better,
@@ -49,7 +49,7 @@ def _completed(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
         ok = pd.DataFrame(columns=[*ROW_KEYS, "seed", "target_epsilon", metric])
     else:
         ok = frame[(frame["status"] == "completed") & frame[metric].notna()].copy()
-    ok["eps"] = ok["target_epsilon"].map(eps_label) if len(ok) else pd.Series(dtype=object)
+    ok["eps"] = ok.apply(row_eps_label, axis=1) if len(ok) else pd.Series(dtype=object)
     return ok
 
 
@@ -74,7 +74,7 @@ def cell_intervals(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
         out[column] = 0
         for _, row in frame[frame["status"] == status].iterrows() if not frame.empty else ():
             key = (row.get("label"), row.get("dataset"), row.get("model"), row.get("tuning"),
-                   eps_label(row.get("target_epsilon")))
+                   row_eps_label(row))
             match = (out[[*ROW_KEYS, "eps"]].apply(tuple, axis=1) == key) if len(out) else None
             if match is not None and match.any():
                 out.loc[match, column] += 1
@@ -86,8 +86,12 @@ def cell_intervals(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def _eps_order(columns) -> list[str]:
-    def key(c: str) -> tuple[bool, float]:
-        return (c == "eps=n/a", math.inf if c == "eps=n/a" else float(c[4:]))
+    """Order columns: targets by epsilon, then fixed noise multipliers, then non-private."""
+    def key(c: str) -> tuple[int, float]:
+        if c == "eps=n/a":
+            return (2, math.inf)
+        name, _, value = c.partition("=")
+        return (0 if name == "eps" else 1, float(value))
 
     return sorted(columns, key=key)
 

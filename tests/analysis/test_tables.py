@@ -39,3 +39,25 @@ def test_latex_bolds_nothing_without_a_significant_difference(tmp_path):
         _write(tmp_path, f"b{s}", "dpsgd", s, b)
     tex = latex_table(load_frame(tmp_path), "accuracy")
     assert r"\textbf" not in tex and r"fi\_ber" in tex
+
+
+def test_fixed_sigma_runs_are_one_cell_per_noise_level(tmp_path):
+    """A sigma grid (no target epsilon) is not pooled into one column: each noise multiplier
+    is its own cell, ordered after any target epsilons, and pairs only within its level."""
+    for sigma, offset in ((0.5, 0.0), (2.0, -0.3)):
+        for s in range(3):
+            for method, acc in (("dp_adaln", 0.8 + offset + 0.01 * s), ("dpsgd", 0.7 + offset)):
+                name = f"{method}-{sigma}-{s}"
+                _write(tmp_path, name, method, s, acc, eps=None)
+                path = tmp_path / name / "results.json"
+                record = json.loads(path.read_text())
+                path.write_text(json.dumps({**record, "private": True,
+                                            "noise_multiplier": sigma}))
+    frame = load_frame(tmp_path)
+    table = cell_table(frame, "accuracy")
+    assert list(table.columns) == ["sigma=0.5", "sigma=2"]
+    assert "0.8100 ± " in table.loc[("dp_adaln", "digits", "mlp", "unaccounted"), "sigma=0.5"]
+    assert "(n=3)" in table.loc[("dp_adaln", "digits", "mlp", "unaccounted"), "sigma=2"]
+    versus = baseline_table(frame, "accuracy", "dpsgd")
+    assert sorted(versus["eps"]) == ["sigma=0.5", "sigma=2"]
+    assert set(versus["n_pairs"]) == {3} and set(versus["verdict"]) == {"better"}
