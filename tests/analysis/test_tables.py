@@ -61,3 +61,27 @@ def test_fixed_sigma_runs_are_one_cell_per_noise_level(tmp_path):
     versus = baseline_table(frame, "accuracy", "dpsgd")
     assert sorted(versus["eps"]) == ["sigma=0.5", "sigma=2"]
     assert set(versus["n_pairs"]) == {3} and set(versus["verdict"]) == {"better"}
+
+
+def test_sigma_grid_is_a_curve_in_the_privacy_utility_plot(tmp_path):
+    """Private runs at fixed noise multipliers are points at the epsilon they spent, one per
+    multiplier; only a method without private runs becomes a non-private reference level."""
+    from dpbench.analysis.plots import privacy_utility, utility_curves
+
+    for sigma, spent, acc in ((0.5, 9.0, 0.9), (2.0, 1.5, 0.7)):
+        for s in range(2):
+            name = f"adaln-{sigma}-{s}"
+            _write(tmp_path, name, "dp_adaln", s, acc + 0.01 * s, eps=None)
+            path = tmp_path / name / "results.json"
+            record = json.loads(path.read_text())
+            path.write_text(json.dumps({**record, "private": True, "noise_multiplier": sigma,
+                                        "epsilon": spent}))
+    for s in range(2):
+        _write(tmp_path, f"np-{s}", "nonprivate", s, 0.95, eps=None)
+    frame = load_frame(tmp_path)
+    curves = utility_curves(frame, "accuracy")
+    assert [round(eps, 6) for eps, _ in curves["dp_adaln"]] == [1.5, 9.0]
+    assert [round(i.mean, 6) for _, i in curves["dp_adaln"]] == [0.705, 0.905]
+    assert curves["nonprivate"] == 0.95
+    privacy_utility(frame, "accuracy", tmp_path / "pu.png")
+    assert (tmp_path / "pu.png").stat().st_size > 0
