@@ -68,13 +68,9 @@ def main() -> None:
                "cpu_s_per_step": statistics.median(cpu[m]),
                "gradient_evaluations_per_step":
                    trainers[m].method.gradient_evaluations_per_step()} for m in METHODS}
-    base = med["dpadamw"]
-    ratios = {f"{m}/dpadamw": {"wall": med[m]["wall_s_per_step"] / base["wall_s_per_step"],
-                               "cpu": med[m]["cpu_s_per_step"] / base["cpu_s_per_step"]}
-              for m in METHODS if m != "dpadamw"}
-    for m, ref in PAIRS:
-        ratios[f"{m}/{ref}"] = {k: med[m][f"{k}_s_per_step"] / med[ref][f"{k}_s_per_step"]
-                                for k in ("wall", "cpu")}
+    pairs = [*((m, "dpadamw") for m in METHODS if m != "dpadamw"), *PAIRS]
+    ratios = {f"{m}/{ref}": {k: med[m][f"{k}_s_per_step"] / med[ref][f"{k}_s_per_step"]
+                             for k in ("wall", "cpu")} for m, ref in pairs}
     result = {"config": [*DEFAULTS, *overrides], "steps": args.steps, "reps": args.reps,
               "warmup": args.warmup, "threads": args.threads,
               "batch_size_expected": first.plan.expected_batch_size,

@@ -30,8 +30,8 @@ def utility_curves(frame: pd.DataFrame, metric: str) -> dict[str, list | float]:
     ok = ok[ok[metric].notna()] if metric in ok else ok.iloc[0:0]
     curves: dict[str, list | float] = {}
     for label, group in ok.groupby("label"):
-        flagged = group["private"] if "private" in group else pd.Series(False, group.index)
-        private = group[(flagged == True) | group["target_epsilon"].notna()]  # noqa: E712
+        # load_frame always has the private column (None for records without the flag)
+        private = group[(group["private"] == True) | group["target_epsilon"].notna()]  # noqa: E712
         if private.empty:
             curves[str(label)] = float(group[metric].mean())
             continue

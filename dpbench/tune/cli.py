@@ -107,9 +107,10 @@ def run(args: argparse.Namespace) -> Path:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from dpbench.utils.threads import available_cores
+    from dpbench.utils.threads import available_cores, threads_per_job
 
-    threads = max(1, available_cores() // jobs)
+    # the sweeps' rule: cores // jobs threads each, unless OMP_NUM_THREADS says otherwise
+    threads = threads_per_job(None, jobs, available_cores())
     # spawn, not fork: a forked child would inherit this process's torch thread pools
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_init_worker, initargs=(threads,)) as pool:
@@ -118,12 +119,10 @@ def run(args: argparse.Namespace) -> Path:
     return out
 
 
-def _init_worker(threads: int) -> None:
-    """Set up one --jobs worker: its share of the cores (unless OMP_NUM_THREADS is set)."""
-    import os
-
+def _init_worker(threads: int | None) -> None:
+    """Set up one --jobs worker: its share of the cores (None: torch's default)."""
     logging.basicConfig(level=logging.INFO, format="[dpbench-tune] %(message)s")
-    if not os.environ.get("OMP_NUM_THREADS"):
+    if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
