@@ -173,6 +173,36 @@ def bench_model(name: str, modes: list[str], opacus_modes: list[str], batch: int
     return result
 
 
+def _ratio(values: list[float]) -> str:
+    """Return "median x (min-max)" of per-round ratios ("1.36x (1.30-1.41)"; one round: "1.36x")."""
+    mid = statistics.median(values)
+    if len(values) == 1:
+        return f"{mid:.2f}x"
+    return f"{mid:.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+
+def summarise_rounds(rounds: list[dict[str, float]]) -> dict[str, tuple[float, str, str]]:
+    """Return {variant: (median seconds, ratio to non-private, ratio to best Opacus)}.
+
+    Each round is one ``bench_model`` result (fresh models, interleaved repetitions); ratios
+    are formed within a round, then their median and range over rounds are reported, so a
+    round's drift or allocation luck does not decide a comparison. Failed variants: nan.
+    """
+    out: dict[str, tuple[float, str, str]] = {}
+    for key in rounds[0]:
+        times = [r[key] for r in rounds]
+        if any(t != t for t in times):
+            out[key] = (float("nan"), "failed", "-")
+            continue
+        vs_base = _ratio([r[key] / r["nonprivate"] for r in rounds])
+        best = [min((v for k, v in r.items() if k.startswith("opacus") and v == v),
+                    default=float("nan")) for r in rounds]
+        vs_best = (_ratio([r[key] / b for r, b in zip(rounds, best)])
+                   if key.startswith("dpbench") and all(b == b for b in best) else "-")
+        out[key] = (statistics.median(times), vs_base, vs_best)
+    return out
+
+
 def _model_and_batch(name: str, shape, batch: int, device: torch.device):
     """Return (model, batch): random images and 10 labels, or token ids of length shape[0]
     with padded tails and 2 labels for a text model."""
@@ -204,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="override the per-model default batch size")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="independent rounds (fresh models, interleaved repetitions): "
+                             "the ratios are the median over rounds, with their range")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -226,17 +259,13 @@ def main(argv: list[str] | None = None) -> int:
         shape, b_cpu, b_gpu = DEFAULT_MODELS.get(name, ((32,), 64, 256))  # text: SST-2's
         batch = args.batch_size or (b_gpu if device.type == "cuda" else b_cpu)
         reps = args.reps if name != "resnet18" or device.type == "cuda" else min(args.reps, 6)
-        r = bench_model(name, args.modes, args.opacus_modes, batch, shape, device, reps,
-                        args.warmup, clock)
-        base = r["nonprivate"]
-        opacus = [v for k, v in r.items() if k.startswith("opacus") and v == v]
-        best = min(opacus) if opacus else float("nan")
-        for key, t in r.items():
+        rounds = [bench_model(name, args.modes, args.opacus_modes, batch, shape, device, reps,
+                              args.warmup, clock) for _ in range(args.rounds)]
+        for key, (t, vs_base, vs_best) in summarise_rounds(rounds).items():
             if t != t:
                 print(f"| {name} | {key} | {batch} | - | failed | - |")
                 continue
-            vs = f"{t / best:.2f}x" if key.startswith("dpbench") and best == best else "-"
-            print(f"| {name} | {key} | {batch} | {1e3 * t:.1f} | {t / base:.2f}x | {vs} |",
+            print(f"| {name} | {key} | {batch} | {1e3 * t:.1f} | {vs_base} | {vs_best} |",
                   flush=True)
     return 0
 

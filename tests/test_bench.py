@@ -38,3 +38,19 @@ def test_bench_text_model_has_a_prefix_cached_row():
                     warmup=1)
     assert set(r) == {"nonprivate", "dpbench bk", CACHED}
     assert all(math.isfinite(v) and v > 0 for v in r.values())
+
+
+def test_rounds_report_the_median_of_per_round_ratios_and_their_range():
+    """Ratios are formed within a round (same load) and summarised over rounds; a failed
+    variant stays failed."""
+    from dpbench.bench import summarise_rounds
+
+    rounds = [{"nonprivate": 1.0, "dpbench bk": 1.5, "opacus ghost": 3.0},
+              {"nonprivate": 2.0, "dpbench bk": 2.6, "opacus ghost": 4.0},
+              {"nonprivate": 1.0, "dpbench bk": 1.4, "opacus ghost": 2.0}]
+    out = summarise_rounds(rounds)
+    assert out["dpbench bk"] == (1.5, "1.40x (1.30-1.50)", "0.65x (0.50-0.70)")
+    assert out["opacus ghost"][1:] == ("2.00x (2.00-3.00)", "-")
+    assert summarise_rounds([{"nonprivate": 1.0, "dpbench bk": float("nan")}])[
+        "dpbench bk"][1] == "failed"
+    assert summarise_rounds(rounds[:1])["dpbench bk"][1] == "1.50x"

@@ -12,8 +12,6 @@ download; offline without a cached copy the builder raises a ``ConfigError`` tha
 
 from __future__ import annotations
 
-import functools
-
 from torch import nn
 
 from dpbench.errors import ConfigError
@@ -46,13 +44,10 @@ def _vit_small(num_classes: int, pretrained: bool, size: int | None) -> tuple[nn
 
 def _resnet18(num_classes: int, pretrained: bool, size: int | None) -> tuple[nn.Module, int, str]:
     from torchvision.models import ResNet18_Weights
-    from torchvision.models.resnet import ResNet
 
-    from dpbench.models.resnet import OutOfPlaceBasicBlock
+    from dpbench.models.resnet import dp_ready_resnet18
 
-    model = ResNet(OutOfPlaceBasicBlock, [2, 2, 2, 2],
-                   norm_layer=functools.partial(nn.GroupNorm, 32))
-    model.relu = nn.ReLU(inplace=False)
+    model = dp_ready_resnet18(1000)
     if pretrained:
         try:
             state = ResNet18_Weights.IMAGENET1K_V1.get_state_dict(progress=False,

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import signal
 from scipy.special import comb
 
 STRATEGIES = ("optimal", "sqrt")
@@ -35,11 +34,19 @@ def sqrt_coefficients(bands: int) -> np.ndarray:
     return coefs / np.linalg.norm(coefs)
 
 
+def _lfilter(b, a, x: np.ndarray) -> np.ndarray:
+    """``scipy.signal.lfilter``, imported on first use: scipy.signal is most of a second of
+    start-up, and every run imports this module (docs/engine.md, start-up)."""
+    from scipy import signal
+
+    return signal.lfilter(b, a, x)
+
+
 def inverse_coefficients(coefs: np.ndarray, n: int) -> np.ndarray:
     """Return d with C^{-1} = Toeplitz(d) (n x n): the recursion d = C^{-1} e_0 (an IIR filter)."""
     impulse = np.zeros(n)
     impulse[0] = 1.0
-    return signal.lfilter([1.0], np.asarray(coefs, dtype=np.float64), impulse)
+    return _lfilter([1.0], np.asarray(coefs, dtype=np.float64), impulse)
 
 
 def toeplitz_matrix(coefs: np.ndarray, n: int) -> np.ndarray:
@@ -78,7 +85,7 @@ def _log_loss_and_grad(x: np.ndarray, n: int) -> tuple[float, np.ndarray]:
         if not np.isfinite(loss) or loss <= 0:
             return math.inf, np.zeros_like(x)
         grad_d = np.cumsum((2.0 * weights * e)[::-1])[::-1]  # dL/dd_k = sum_{i>=k} 2 w_i e_i
-        u = signal.lfilter([1.0], c, grad_d[::-1])[::-1]  # C^{-T} grad_d
+        u = _lfilter([1.0], c, grad_d[::-1])[::-1]  # C^{-T} grad_d
     # d(C^{-1} e_0)/dc_j = -C^{-1} S_j d, S_j the shift by j rows
     grad_c = np.array([-np.dot(u[j:], d[: n - j]) for j in range(len(c))])
     grad_x = (grad_c - c * np.dot(c, grad_c)) / norm  # through c = x / ||x||
