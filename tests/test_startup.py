@@ -1,5 +1,6 @@
 """Start-up stays light: ``dpbench --help`` and ``--cfg job`` import none of the heavy optional
-libraries, and a digits run imports neither transformers/peft nor W&B with logger=none."""
+libraries, and a digits run imports neither transformers/peft, torchvision nor W&B with
+logger=none."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-HEAVY = ("wandb", "matplotlib", "transformers", "peft")
+HEAVY = ("wandb", "matplotlib", "transformers", "peft", "torchvision")
 PROBE = """
 import json, runpy, sys
 sys.argv = ["dpbench", *{args!r}]
@@ -44,4 +45,5 @@ def test_a_digits_run_imports_only_what_it_needs(tmp_path):
                           f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert "transformers" not in imported and "peft" not in imported
     assert "wandb" not in imported
+    assert "torchvision" not in imported  # ResNet's builder imports it on first use
     assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "completed"
