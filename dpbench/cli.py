@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpbench.config.schema import register_schemas
 from dpbench.errors import DataError, DPBenchError
-from dpbench.logging.results import RESULTS_NAME, failed_record, write_record
+from dpbench.logging.records import RESULTS_NAME, failed_record, write_record
 from dpbench.tune.choices import apply_tuned
 from dpbench.utils.conf import CONF_DIR
 from dpbench.utils.io import atomic_write_bytes

@@ -1,6 +1,6 @@
 """Start-up stays light: ``dpbench --help`` and ``--cfg job`` import none of the heavy optional
-libraries, and a digits run imports neither transformers/peft, torchvision nor W&B with
-logger=none."""
+libraries nor the training loop (Opacus), and a digits run imports neither transformers/peft,
+torchvision nor W&B with logger=none."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("wandb", "matplotlib", "transformers", "peft", "torchvision")
+#: composing a config needs the method classes (their settings schemas), not the training loop
+LOOP = ("opacus", "dpbench.training.loop")
 PROBE = """
 import json, runpy, sys
 sys.argv = ["dpbench", *{args!r}]
@@ -25,9 +27,9 @@ print("MODULES=" + json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))
 """
 
 
-def _imported(args: list[str], cwd: Path) -> list[str]:
+def _imported(args: list[str], cwd: Path, modules: tuple[str, ...] = HEAVY + LOOP) -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", PROBE.format(args=args, heavy=HEAVY)],
+    out = subprocess.run([sys.executable, "-c", PROBE.format(args=args, heavy=modules)],
                          cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     line = [x for x in out.stdout.splitlines() if x.startswith("MODULES=")]
     assert line, out.stderr[-2000:]

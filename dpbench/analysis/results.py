@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-RESULTS_NAME = "results.json"
+from dpbench.logging.records import RESULTS_NAME
 
 #: record fields kept as columns (everything else stays in the record)
 _SCALARS = ("method", "method_name", "dataset", "model", "privacy", "seed", "run_name",

@@ -22,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from dpbench.audit.canaries import AuditSettings, AuditTrainer
 from dpbench.cli import CONF_DIR, _remove_if_fresh
 from dpbench.errors import ConfigError, DPBenchError
-from dpbench.logging.results import run_record, write_record
+from dpbench.logging.records import write_record
+from dpbench.logging.results import run_record
 from dpbench.utils.paths import check_path_values, check_run_dir
 
 HEADER = ("| method | dataset | epsilon_claimed | epsilon_lower | power | correct / guesses "

@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from hydra.core.config_store import ConfigStore
 
 from dpbench.errors import ConfigError
@@ -137,6 +136,8 @@ class TrainerConfig:
 
 def _check_cuda(device: str) -> None:
     """Raise ConfigError unless ``device`` (cuda or cuda:i) exists on this machine."""
+    import torch  # here: composing a config (``--help``, ``--cfg``, a sweep) needs no torch
+
     if not torch.cuda.is_available():
         raise ConfigError(f"trainer.device={device} but CUDA is not available on this machine; "
                           "use trainer.device=auto or trainer.device=cpu")

@@ -18,11 +18,13 @@ amplification theorem, is 1):
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from scipy.special import comb
+
+if TYPE_CHECKING:
+    import torch
 
 STRATEGIES = ("optimal", "sqrt")
 

@@ -42,7 +42,8 @@ def compose_config(overrides: list[str]) -> DictConfig:
 def train(overrides: list[str], run_dir: Path | None = None) -> tuple[DictConfig, dict[str, Any]]:
     """Train one configuration in this process; write its results.json into ``run_dir``."""
     from dpbench.experiment import build_trainer
-    from dpbench.logging.results import run_record, write_record
+    from dpbench.logging.records import write_record
+    from dpbench.logging.results import run_record
 
     cfg = apply_tuned(compose_config([*_QUIET, *overrides]))
     trainer = build_trainer(cfg, run_dir)
