@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup demo test test-data test-full lint format bench clean reproduce reproduce-fiber \
+.PHONY: help setup demo test test-data test-device test-full lint format bench clean reproduce reproduce-fiber \
         reproduce-dp-adaln reproduce-bounded-adaclip reproduce-dp-ivon reproduce-spectral
 
 
@@ -25,7 +25,7 @@ demo: $(STAMP)  ## the default DP run, offline, no data root (scikit-learn digit
 	env -u DPBENCH_DATA_ROOT WANDB_MODE=offline $(BIN)/dpbench
 
 test: $(STAMP)  ## the test suite CI runs: no data root, no network (slow and data tests excluded)
-	$(BIN)/pytest -m "not slow and not data" -q
+	$(BIN)/pytest -m "not slow and not data and not device" -q
 
 test-data: $(STAMP)  ## checks of the real data files under DPBENCH_DATA_ROOT (required)
 	@if [ -z "$${DPBENCH_DATA_ROOT:-}" ]; then \
@@ -36,8 +36,11 @@ test-data: $(STAMP)  ## checks of the real data files under DPBENCH_DATA_ROOT (r
 	  exit 2; fi
 	$(BIN)/pytest -m data -q
 
-test-full: $(STAMP)  ## every test but the data checks, slow ones included
-	$(BIN)/pytest -m "not data" -q
+test-device: $(STAMP)  ## the accelerator checks, on a GPU machine (DPBENCH_TEST_DEVICE, default cuda)
+	$(BIN)/pytest -m device -q
+
+test-full: $(STAMP)  ## every test but the data and device checks, slow ones included
+	$(BIN)/pytest -m "not data and not device" -q
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check .

@@ -33,7 +33,7 @@ def _data(n: int = 40, length: int = 10) -> TaskData:
                     input_shape=(length,))
 
 
-def _run(cache: str, mode: str = "hooks") -> tuple[Trainer, dict]:
+def _run(cache: str, mode: str = "hooks", device: str = "cpu") -> tuple[Trainer, dict]:
     torch.manual_seed(0)
     model = minilm_lora((10,), 2, layers=[4, 5])
     data = _data()
@@ -42,7 +42,7 @@ def _run(cache: str, mode: str = "hooks") -> tuple[Trainer, dict]:
                       privacy=PrivacyConfig(noise_multiplier=1.0, target_epsilon=None,
                                               accountant="rdp"),
                       trainer=TrainerConfig(epochs=2, batch_size=10, checkpoint=False,
-                                            progress=False, device="cpu",
+                                            progress=False, device=device,
                                             grad_sample_mode=mode, cache_frozen_prefix=cache),
                       seed=3)
     return trainer, trainer.fit()
