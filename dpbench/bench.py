@@ -186,7 +186,8 @@ def summarise_rounds(rounds: list[dict[str, float]]) -> dict[str, tuple[float, s
 
     Each round is one ``bench_model`` result (fresh models, interleaved repetitions); ratios
     are formed within a round, then their median and range over rounds are reported, so a
-    round's drift or allocation luck does not decide a comparison. Failed variants: nan.
+    round's drift or allocation luck does not decide a comparison. "Best Opacus" is the
+    faster raw Opacus mode of each round. A variant that failed in any round is "failed".
     """
     out: dict[str, tuple[float, str, str]] = {}
     for key in rounds[0]:
@@ -243,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="cpu: this thread's CPU time (needs --threads 1 on CPU); on a "
                              "loaded machine it is not inflated by waiting for a core")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.clock == "cpu" and (args.threads != 1 or args.device == "cuda"):
         parser.error("--clock cpu measures one thread: use it with --threads 1 on CPU")
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter

@@ -2,6 +2,7 @@
 # The CUDA checks in one command, for a GPU machine held for a few minutes (docs/engine.md,
 # "Checking the CUDA path"): the device test suite, then dpbench-bench on the device.
 #   bash scripts/device_check.sh [OUT_DIR] [extra pytest arguments, e.g. -k "not minilm"]
+# (-k "not minilm" leaves out the two checks that need the packaged MiniLM)
 # Run from the repository root with a python3 that has dpbench's dependencies (an installed
 # venv, or the machine's torch plus carried wheels and PYTHONPATH=.). Writes OUT_DIR/device.txt,
 # test_device.log and bench_cuda.md (default OUT_DIR: outputs/device).
