@@ -8,6 +8,7 @@ total epsilon of search + run (docs/tuning-and-claims.md, "Tuning").
 
 from __future__ import annotations
 
+import fcntl
 import json
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,12 +51,8 @@ def read_choices(path: str | Path) -> dict[str, Any]:
 
 @contextmanager
 def _locked(path: Path):
-    """Hold an exclusive lock beside ``path`` (parallel searches write one choices file)."""
-    try:
-        import fcntl
-    except ImportError:  # no POSIX locks: one search process at a time (dpbench-tune --jobs 1)
-        yield
-        return
+    """Hold an exclusive lock beside ``path`` (parallel searches write one choices file); POSIX
+    ``flock``, as ``dpbench.utils.lock`` uses for run folders."""
     with open(path.with_name(path.name + ".lock"), "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
