@@ -125,6 +125,9 @@ def _callbacks(cfg: DictConfig, run_dir: Path, multirun: bool):
     if cfg.get("logger") is not None and cfg.logger.get("_target_"):
         from hydra.utils import instantiate
 
+        from dpbench.config.targets import check_targets
+
+        check_targets(cfg.logger, "logger")
         group = cfg.logger.get("group") or (
             Path(HydraConfig.get().sweep.dir).name if multirun else None)
         callbacks.append(instantiate(cfg.logger, group=group, run_dir=run_dir, cfg=cfg,

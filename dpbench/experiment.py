@@ -19,6 +19,7 @@ from dpbench.config.schema import (
     check_privacy_matches_method,
     check_seed,
 )
+from dpbench.config.targets import check_targets
 from dpbench.data import get_dataset_builder
 from dpbench.data.base import TaskData, carve_validation
 from dpbench.errors import ConfigError
@@ -57,7 +58,12 @@ def fingerprint(cfg: DictConfig) -> str:
 
 def build_method(cfg: DictConfig):
     method_cls = get_method(cfg.method.name)
-    optimizer = instantiate(cfg.method.optimizer) if cfg.method.get("optimizer") else None
+    node = cfg.method.get("optimizer")
+    if not node or not node.get("_target_"):  # no hidden default optimiser
+        raise ConfigError(f"method.optimizer must name an optimiser (method.optimizer._target_"
+                          f"=...; got {OmegaConf.to_container(node) if node else node!r})")
+    check_targets(node, "method.optimizer")  # only allowed factories run (config/targets.py)
+    optimizer = instantiate(node)
     return method_cls(optimizer=optimizer, **_settings(cfg.method.get("settings")))
 
 

@@ -1,15 +1,26 @@
 """Stored tuning choices (``choices.json``) and how a later run applies them (``tuned=FILE``).
 
-A choice is keyed by its cell (method, data set, model, target epsilon) and holds the
-overrides the search chose, the search's mode and, in ``accounted`` mode, the search's
-privacy ledger and selection epsilon, so that every run using the choice can report the
-total epsilon of search + run (docs/tuning-and-claims.md, "Tuning").
+A choice is keyed by its cell (method, data set, model, target epsilon and a hash of every
+other setting that changes a run, ``cfg_cell_key``) and holds the overrides the search chose,
+the search's mode and, in ``accounted`` mode, every trial with its own privacy ledger and the
+selection epsilon, so that every run using the choice can report the total epsilon of search +
+run (docs/tuning-and-claims.md, "Tuning").
+
+A choices file is data from whoever wrote the folder, never code or privacy settings
+(docs/reliability-bad-input.md, "Files from others"): it is read bounded (``read_json``), must
+be of this version, and a cell may set only the keys in ``TUNABLE``, each type- and
+range-checked. Its ledgers are not trusted as written: the search's ledger is rebuilt from the
+trials' own ledgers, every trial's epsilon must be covered by its ledger, and the totals are
+recomputed; a file that disagrees is refused, naming the file, the cell and the key.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
+import math
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,34 +29,93 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dpbench.errors import ConfigError
 from dpbench.utils.io import atomic_write_json
+from dpbench.utils.safe_json import UnsafeFile, read_json
 
 CHOICES_NAME = "choices.json"
 MODES = ("accounted", "unaccounted")
+#: format of choices.json; a file of another version is refused (tune again into a new --out)
+CHOICES_VERSION = 2
+#: choices files are small; anything larger is refused unread
+MAX_CHOICES_BYTES = 16 * 2**20
+
+
+def _positive_finite(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be a number (got {value!r})"
+    if not math.isfinite(value) or value <= 0:
+        return f"must be a finite number > 0 (got {value!r})"
+    return None
+
+
+#: the only keys a choices file may set, each with its check (an error text, or None)
+TUNABLE: dict[str, Callable[[Any], str | None]] = {"method.optimizer.lr": _positive_finite}
+
+#: top-level keys that do not change what a run computes, or are set per run (seed, split)
+_NOT_IN_KEY = ("logger", "paths", "hydra", "run_name", "seed", "tuned", "tuning", "evaluation")
+_NOT_IN_KEY_TRAINER = ("resume", "progress", "eval_batch_size", "num_threads", "checkpoint",
+                       "device")
+_NOT_IN_KEY_DATASET = ("root",)  # where a standard data set lives on this machine
 
 
 def cell_key(method: str, dataset: str, model: str, target_epsilon: Any) -> str:
-    """Return the key of a (method, data set, model, epsilon) cell."""
+    """Return the readable part of a cell's key: (method, data set, model, epsilon)."""
     eps = "nonprivate" if target_epsilon is None else f"{float(target_epsilon):g}"
     return f"{method}|{dataset}|{model}|eps={eps}"
 
 
+def run_settings(cfg: DictConfig) -> dict[str, Any]:
+    """Return every setting of ``cfg`` that changes what a run computes, except the tuned
+    keys, the seed and the evaluation split (trials and final runs of a cell differ there)."""
+    data = {key: OmegaConf.to_container(cfg[key], resolve=True)
+            if isinstance(cfg[key], DictConfig) else cfg[key]
+            for key in cfg if key not in _NOT_IN_KEY}
+    for group, dropped in (("trainer", _NOT_IN_KEY_TRAINER), ("dataset", _NOT_IN_KEY_DATASET)):
+        if isinstance(data.get(group), dict):
+            data[group] = {k: v for k, v in data[group].items() if k not in dropped}
+    for dotted in TUNABLE:
+        *parents, leaf = dotted.split(".")
+        node: Any = data
+        for name in parents:
+            node = node.get(name) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return data
+
+
 def cfg_cell_key(cfg: DictConfig) -> str:
-    return cell_key(cfg.method.name, cfg.dataset.name, cfg.model.name,
+    """Return the key of ``cfg``'s cell: readable (method, data set, model, epsilon), then a
+    hash of every other setting that changes a run (``run_settings``), so that cells that
+    differ anywhere else (``trainer.epochs=1,3``, a method setting) never share a choice.
+
+    The one place a cell's key is defined: searches, stored choices and ``tuned=FILE`` all
+    call it.
+    """
+    settings = json.dumps(run_settings(cfg), sort_keys=True, default=str)
+    digest = hashlib.sha256(settings.encode()).hexdigest()[:12]
+    base = cell_key(cfg.method.name, cfg.dataset.name, cfg.model.name,
                     cfg.privacy.get("target_epsilon"))
+    return f"{base}|run={digest}"
 
 
 def read_choices(path: str | Path) -> dict[str, Any]:
-    """Return the choices file's cells by key; ConfigError (naming ``tuned``) if unusable."""
+    """Return the choices file's cells by key (not yet checked: ``checked_choice``);
+    ConfigError naming ``tuned`` and the file if it is unusable."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, max_bytes=MAX_CHOICES_BYTES)
     except FileNotFoundError as err:
         raise ConfigError(f"tuned: no choices file at {path}") from err
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"tuned: cannot read {path} ({type(err).__name__}: {err})") from err
+    except UnsafeFile as err:
+        raise ConfigError(f"tuned: {err}") from err
+    except OSError as err:
+        raise ConfigError(f"tuned: cannot read {path} ({err.strerror or err})") from err
     cells = data.get("cells") if isinstance(data, dict) else None
     if not isinstance(cells, dict):
         raise ConfigError(f"tuned: {path} is not a dpbench-tune choices file (no 'cells')")
+    version = data.get("version")
+    if version != CHOICES_VERSION:
+        raise ConfigError(f"tuned: {path} has version={version!r}, this dpbench reads version "
+                          f"{CHOICES_VERSION}; tune again into a new --out")
     return cells
 
 
@@ -68,14 +138,123 @@ def write_choice(path: str | Path, key: str, choice: dict[str, Any]) -> None:
     with _locked(path):
         cells = read_choices(path) if path.exists() else {}
         cells[key] = choice
-        atomic_write_json(path, {"cells": dict(sorted(cells.items()))})
+        atomic_write_json(path, {"version": CHOICES_VERSION,
+                                 "cells": dict(sorted(cells.items()))})
+
+
+def _refuse(source: Any, key: str, field: str, why: str) -> ConfigError:
+    return ConfigError(f"tuned: {source}: cell {key}: {field} {why}")
+
+
+def _ledger_entries(source: Any, key: str, field: str, ledger: Any) -> list[dict[str, Any]]:
+    """Return ``ledger`` if every entry is a well-formed (sigma, q, steps) group."""
+    if not isinstance(ledger, list):
+        raise _refuse(source, key, field, f"must be a list of ledger entries (got {ledger!r})")
+    for i, entry in enumerate(ledger):
+        where = f"{field}[{i}]"
+        if not isinstance(entry, dict):
+            raise _refuse(source, key, where, "must be a ledger entry (an object)")
+        sigma, rate, steps = (entry.get(k) for k in ("noise_multiplier", "sample_rate", "steps"))
+        if _positive_finite(sigma) is not None:
+            raise _refuse(source, key, f"{where}.noise_multiplier", _positive_finite(sigma))
+        if _positive_finite(rate) is not None or rate > 1:
+            raise _refuse(source, key, f"{where}.sample_rate", f"must be in (0, 1] (got {rate!r})")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise _refuse(source, key, f"{where}.steps", f"must be an integer >= 0 (got {steps!r})")
+    return ledger
+
+
+def _accounted_totals(source: Any, key: str, choice: dict[str, Any]) -> dict[str, Any]:
+    """Return the accounted search's ledger and epsilons, recomputed from its trials."""
+    from dpbench.privacy.accountant import check_accountant
+    from dpbench.privacy.selection import ledgers_epsilon
+
+    eps_sel = choice.get("selection_epsilon")
+    if _positive_finite(eps_sel) is not None:
+        raise _refuse(source, key, "selection_epsilon", _positive_finite(eps_sel))
+    delta, accountant = choice.get("delta"), choice.get("accountant")
+    if _positive_finite(delta) is not None or delta >= 1:
+        raise _refuse(source, key, "delta", f"must be in (0, 1) (got {delta!r})")
+    try:
+        check_accountant(accountant)
+    except (ConfigError, TypeError) as err:
+        raise _refuse(source, key, "accountant", f"is not an accountant ({err})") from err
+    trials = choice.get("trials")
+    if not isinstance(trials, list) or not trials:
+        raise _refuse(source, key, "trials", "must list the search's trials")
+    ledgers = []
+    for i, trial in enumerate(trials):
+        if not isinstance(trial, dict):
+            raise _refuse(source, key, f"trials[{i}]", "must be an object")
+        ledger = _ledger_entries(source, key, f"trials[{i}].ledger", trial.get("ledger"))
+        claimed = trial.get("epsilon")
+        if claimed is not None:
+            if _positive_finite(claimed) is not None:
+                raise _refuse(source, key, f"trials[{i}].epsilon", _positive_finite(claimed))
+            own = ledgers_epsilon([ledger], delta, accountant)
+            if own < claimed * (1 - 1e-6):
+                raise _refuse(source, key, f"trials[{i}].ledger",
+                              f"gives epsilon {own:.4g}, less than the trial's own epsilon "
+                              f"{claimed:.4g}: the ledger was edited")
+        ledgers.append(ledger)
+    search_ledger = [entry for ledger in ledgers for entry in ledger]
+    if "search_ledger" in choice and choice["search_ledger"] != search_ledger:
+        raise _refuse(source, key, "search_ledger", "differs from the trials' own ledgers")
+    trials_epsilon = ledgers_epsilon([search_ledger], delta, accountant)
+    for field, value in (("trials_epsilon", trials_epsilon),
+                         ("search_epsilon", max(trials_epsilon, float(eps_sel)))):
+        stored = choice.get(field)
+        if stored is not None and not (isinstance(stored, (int, float)) and math.isclose(
+                stored, value, rel_tol=1e-6, abs_tol=1e-9)):
+            raise _refuse(source, key, field, f"is {stored!r} but the trials' ledgers give "
+                          f"{value:.6g}")
+    return {"search_ledger": search_ledger, "selection_epsilon": float(eps_sel),
+            "search_epsilon": max(trials_epsilon, float(eps_sel))}
+
+
+def checked_choice(source: Any, key: str, choice: Any) -> dict[str, Any]:
+    """Return the checked, recomputed content of one stored choice; ConfigError if it is
+    malformed, sets a key outside ``TUNABLE``, or its ledgers disagree with its trials."""
+    if not isinstance(choice, dict):
+        raise _refuse(source, key, "the cell", "must be an object")
+    if choice.get("key") != key:
+        raise _refuse(source, key, "key", f"is {choice.get('key')!r}: the choice was made for "
+                      "another cell")
+    mode = choice.get("mode")
+    if mode not in MODES:
+        raise _refuse(source, key, "mode", f"must be one of {', '.join(MODES)} (got {mode!r})")
+    overrides = choice.get("overrides")
+    if not isinstance(overrides, dict) or not overrides:
+        raise _refuse(source, key, "overrides", "must map tuned keys to values")
+    for name, value in overrides.items():
+        if name not in TUNABLE:
+            raise _refuse(source, key, f"overrides.{name}",
+                          f"is not a tunable key: a choices file may set only "
+                          f"{', '.join(sorted(TUNABLE))}")
+        problem = TUNABLE[name](value)
+        if problem:
+            raise _refuse(source, key, f"overrides.{name}", problem)
+    edge = choice.get("at_grid_edge", False)
+    out = {"mode": mode, "chosen": dict(overrides), "at_grid_edge": edge is True,
+           "search_ledger": [], "selection_epsilon": None, "search_epsilon": None}
+    if mode == "accounted":
+        out.update(_accounted_totals(source, key, choice))
+    return out
+
+
+def choice_mode(source: Any, cells: dict[str, Any], key: str) -> str | None:
+    """Return the mode of the stored (checked) choice of ``key``, or None if there is none."""
+    if key not in cells:
+        return None
+    return checked_choice(source, key, cells[key])["mode"]
 
 
 def apply_tuned(cfg: DictConfig) -> DictConfig:
     """Return ``cfg`` with the stored choice of its cell applied (``tuned=FILE``), else as is.
 
-    Sets each chosen override (e.g. ``method.optimizer.lr``) and ``tuning`` (mode, chosen
-    values, the search's ledger and selection epsilon) so the run's record carries them.
+    Sets each chosen override (only ``TUNABLE`` keys) and ``tuning`` (mode, chosen values, the
+    search's ledger rebuilt from its trials and the selection epsilon) so the run's record
+    carries them.
     """
     source = cfg.get("tuned")
     if not source:
@@ -84,15 +263,12 @@ def apply_tuned(cfg: DictConfig) -> DictConfig:
     key = cfg_cell_key(cfg)
     if key not in cells:
         raise ConfigError(f"tuned: {source} has no choice for the cell {key} (it has: "
-                          f"{', '.join(sorted(cells)) or 'none'})")
-    choice = cells[key]
+                          f"{', '.join(sorted(cells)) or 'none'}); the key covers every "
+                          "setting that changes a run")
+    choice = checked_choice(source, key, cells[key])
     cfg = cfg.copy()
     with open_dict(cfg):
-        for name, value in choice["overrides"].items():
+        for name, value in choice["chosen"].items():
             OmegaConf.update(cfg, name, value, merge=False)
-        cfg.tuning = {"mode": choice["mode"], "source": str(source), "chosen": choice[
-            "overrides"], "search_ledger": choice.get("search_ledger") or [],
-            "selection_epsilon": choice.get("selection_epsilon"),
-            "at_grid_edge": bool(choice.get("at_grid_edge", False)),
-            "search_epsilon": choice.get("search_epsilon")}
+        cfg.tuning = {"mode": choice["mode"], "source": str(source), **choice}
     return cfg

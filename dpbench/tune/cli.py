@@ -19,24 +19,76 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from dpbench.errors import DPBenchError
-from dpbench.tune.choices import CHOICES_NAME, MODES, apply_tuned, read_choices, write_choice
-from dpbench.tune.search import TuneSettings, expand_cells, search_cell
+from dpbench.errors import ConfigError, DPBenchError
+from dpbench.tune.choices import (
+    CHOICES_NAME,
+    MODES,
+    apply_tuned,
+    cfg_cell_key,
+    choice_mode,
+    read_choices,
+    write_choice,
+)
+from dpbench.tune.search import TuneSettings, check_cell, check_settings, expand_cells, search_cell
 
 log = logging.getLogger("dpbench.tune")
 _QUIET = ["logger=none", "trainer.progress=false", "trainer.checkpoint=false"]
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
-    """Return the composed run config of ``overrides`` (the CLI's config tree)."""
+    """Return the composed run config of ``overrides`` (the CLI's config tree); ConfigError
+    (one line) for an unknown group option, a key that does not exist or a wrong type."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     from dpbench.cli import CONF_DIR
 
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=overrides)
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return compose("config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        raise ConfigError(f"{' / '.join(lines)} (overrides: {' '.join(overrides)})") from err
+
+
+def check_cell_config(cfg: DictConfig) -> None:
+    """Run the checks a run makes before training, without loading data (ConfigError)."""
+    from dpbench.config.schema import (
+        PrivacyConfig,
+        TrainerConfig,
+        check_method_numbers,
+        check_privacy_matches_method,
+    )
+    from dpbench.config.targets import check_targets
+    from dpbench.data import get_dataset_builder
+    from dpbench.methods import get_method
+    from dpbench.models import get_model_builder
+    from dpbench.utils.paths import check_path_values
+
+    def typed(cls, group: str):
+        node = OmegaConf.to_container(cfg[group], resolve=True)
+        try:
+            return cls(**node)
+        except TypeError as err:
+            raise ConfigError(f"{group}: {err}") from err
+
+    check_path_values(cfg)
+    privacy = typed(PrivacyConfig, "privacy")
+    typed(TrainerConfig, "trainer")
+    method = get_method(cfg.method.name)
+    check_privacy_matches_method(cfg.method.name, method.private, privacy)
+    optimizer = cfg.method.get("optimizer")
+    if not optimizer or not optimizer.get("_target_"):
+        raise ConfigError("method.optimizer must name an optimiser (method.optimizer._target_)")
+    check_targets(optimizer, "method.optimizer")
+    settings = cfg.method.get("settings")
+    check_method_numbers(OmegaConf.to_container(optimizer, resolve=True),
+                         OmegaConf.to_container(settings, resolve=True) if settings else {})
+    get_dataset_builder(cfg.dataset.name)
+    get_model_builder(cfg.model.name)
 
 
 def train(overrides: list[str], run_dir: Path | None = None) -> tuple[DictConfig, dict[str, Any]]:
@@ -56,16 +108,37 @@ def train(overrides: list[str], run_dir: Path | None = None) -> tuple[DictConfig
     return cfg, summary
 
 
+def _number_list(text: str, kind: type, what: str) -> list:
+    try:
+        return [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what} must be comma-separated "
+                                         f"{'integers' if kind is int else 'numbers'} "
+                                         f"(got {text!r})") from None
+
+
 def _floats(text: str) -> list[float]:
-    return [float(v) for v in text.split(",") if v]
+    return _number_list(text, float, "--lrs")
 
 
 def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v]
+    return _number_list(text, int, "--seeds")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse adds the usage block)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def settings_of(args: argparse.Namespace) -> TuneSettings:
+    return TuneSettings(lrs=args.lrs, mode=args.mode, select=args.select,
+                        validation_fraction=args.validation_fraction,
+                        selection_epsilon=args.selection_epsilon, master_seed=args.master_seed)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="dpbench-tune", description=__doc__.splitlines()[0])
+    p = _Parser(prog="dpbench-tune", description=__doc__.splitlines()[0])
     p.add_argument("--lrs", type=_floats, default=[0.01, 0.03, 0.1, 0.3, 1.0],
                    help="learning-rate grid, comma-separated (default 0.01,...,1)")
     p.add_argument("--seeds", type=_ints, default=[0, 1, 2, 3, 4],
@@ -75,7 +148,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--select", default="accuracy", help="validation metric to maximise")
     p.add_argument("--validation-fraction", type=float, default=0.15)
     p.add_argument("--selection-epsilon", type=float, default=None,
-                   help="accounted mode: epsilon of the choice (default: the cell's target)")
+                   help="accounted mode: epsilon of the choice, a finite number > 0 (default: "
+                        "the cell's target epsilon)")
     p.add_argument("--master-seed", type=int, default=0,
                    help="seed from which every trial's and the selection's seeds are spawned")
     p.add_argument("--baseline", default=None, help="method to compare with (verdict column)")
@@ -86,20 +160,52 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="cells at a time, one process each (default 1: in this process)")
     p.add_argument("overrides", nargs="*", help="sweep overrides, e.g. method=dpsgd,dpadam")
     args = p.parse_args(argv)
-    if not args.lrs:
-        p.error("--lrs needs at least one learning rate")
-    if not 0.0 < args.validation_fraction < 1.0:
-        p.error("--validation-fraction must be in (0, 1)")
+    if not args.seeds:
+        p.error("--seeds needs at least one seed")
+    if any(seed < 0 for seed in args.seeds):
+        p.error(f"--seeds must be integers >= 0 (got {args.seeds})")
+    if args.master_seed < 0:
+        p.error(f"--master-seed must be an integer >= 0 (got {args.master_seed})")
     if args.jobs < 1:
         p.error("--jobs must be at least 1")
+    try:
+        check_settings(settings_of(args))
+    except ConfigError as err:
+        p.error(str(err))
     return args
+
+
+def check_cells(args: argparse.Namespace) -> list[list[str]]:
+    """Return the cells of the sweep after checking each one's config and any stored choice,
+    before any work (ConfigError); cells that share a key are refused (one would overwrite
+    the other's choice and runs)."""
+    cells = expand_cells(args.overrides)
+    settings = settings_of(args)
+    choices = args.out / CHOICES_NAME
+    known = read_choices(choices) if choices.exists() or choices.is_symlink() else {}
+    keys: dict[str, list[str]] = {}
+    for cell in cells:
+        cfg = compose_config([*_QUIET, *cell])
+        check_cell_config(cfg)
+        check_cell(cfg, settings)
+        for seed in args.seeds:
+            from dpbench.config.schema import check_seed
+
+            check_seed(seed)
+        key = cfg_cell_key(cfg)
+        if key in keys:
+            raise ConfigError(f"the cells {' '.join(keys[key])} and {' '.join(cell)} are the "
+                              f"same run ({key}); drop one")
+        keys[key] = cell
+        if not args.research:
+            choice_mode(choices, known, key)  # a stored choice that will be reused is checked
+    return cells
 
 
 def run(args: argparse.Namespace) -> Path:
     """Search every cell (or reuse its choice), train the choices on every seed; return OUT."""
     out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    cells = expand_cells(args.overrides)
+    cells = check_cells(args)
     jobs = min(args.jobs, len(cells))
     if jobs <= 1:
         for cell in cells:
@@ -131,23 +237,28 @@ def _init_worker(threads: int | None) -> None:
 
 def run_cell(cell: list[str], args: argparse.Namespace) -> None:
     """Search one cell (unless its choice is stored) and train the choice on every seed."""
-    from dpbench.tune.choices import cfg_cell_key
+    from dpbench.utils.paths import path_component
 
     out = args.out
     choices = out / CHOICES_NAME
-    settings = TuneSettings(lrs=args.lrs, mode=args.mode, select=args.select,
-                            validation_fraction=args.validation_fraction,
-                            selection_epsilon=args.selection_epsilon,
-                            master_seed=args.master_seed)
-    key = cfg_cell_key(compose_config([*_QUIET, *cell]))
+    settings = settings_of(args)
+    cell_cfg = compose_config([*_QUIET, *cell])
+    key = cfg_cell_key(cell_cfg)
     known = read_choices(choices) if choices.exists() else {}
-    if args.research or key not in known or known[key]["mode"] != args.mode:
+    if args.research or choice_mode(choices, known, key) != args.mode:
+        if args.mode == "accounted":
+            from dpbench.tune.search import selection_epsilon
+
+            log.info("%s: selection epsilon %g (%s)", key, selection_epsilon(settings, cell_cfg),
+                     "--selection-epsilon" if args.selection_epsilon is not None
+                     else "the cell's target epsilon")
         choice = search_cell(cell, settings, train)
         write_choice(choices, key, choice)
         log.info("%s: chose %s", key, choice["overrides"])
+    digest = key.rpartition("=")[2]  # cells that differ only outside run_name get own folders
     for seed in args.seeds:
         cfg = compose_config([*_QUIET, *cell, f"seed={seed}"])
-        run_dir = out / "runs" / str(cfg.run_name)
+        run_dir = out / "runs" / path_component(f"{cfg.run_name}-{digest}")
         train([*cell, f"tuned={choices}", f"seed={seed}"], run_dir)
 
 
@@ -175,15 +286,75 @@ def report(out: Path, metric: str, baseline: str | None) -> str:
     return text
 
 
+def _fail(message: str) -> int:
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    print(f"dpbench-tune: error: {' / '.join(lines)}", file=sys.stderr)
+    return 2
+
+
+def _prepare_out(out: Path) -> list[Path]:
+    """Create ``out`` (and missing parents); return the folders created, top first. OSError
+    if it cannot be created or written."""
+    import tempfile
+
+    missing, probe = [], out.absolute()
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    created: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            folder.mkdir()
+            created.append(folder)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError:
+        _remove_empty(created)
+        raise
+    return created
+
+
+def _remove_empty(created: list[Path]) -> None:
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def main(argv: list[str] | None = None) -> int:
+    from dpbench.utils.lock import RunDirBusy, RunDirLock
+
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[dpbench-tune] %(message)s")
     try:
-        out = run(args)
+        check_cells(args)  # every cell and stored choice, before anything is created
     except DPBenchError as err:
-        print(f"dpbench-tune: error: {err}", file=sys.stderr)
-        return 2
-    print(report(out, args.metric, args.baseline))
+        return _fail(str(err))
+    try:
+        created = _prepare_out(args.out)
+    except OSError as err:
+        return _fail(f"cannot write into --out {args.out}: {err.strerror or err}")
+    lock = RunDirLock(args.out)  # one dpbench-tune per --out: the report must match the files
+    try:
+        lock.acquire()
+    except (RunDirBusy, OSError) as err:
+        _remove_empty(created)
+        holder = str(err).partition("(pid ")[2].partition(")")[0] or "?"
+        return _fail(f"--out {args.out} is in use by another dpbench-tune (pid {holder}); wait "
+                     "for it or choose another --out" if isinstance(err, RunDirBusy)
+                     else f"cannot lock --out {args.out}: {err}")
+    try:
+        out = run(args)
+        text = report(out, args.metric, args.baseline)
+    except DPBenchError as err:
+        return _fail(str(err))
+    except OSError as err:
+        return _fail(f"{err.filename or args.out}: {err.strerror or err}")
+    finally:
+        lock.release()
+        _remove_empty(created)  # only if nothing was written
+    print(text)
     return 0
 
 

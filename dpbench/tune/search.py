@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
+from dpbench.errors import ConfigError, DPBenchError
 from dpbench.privacy.selection import exponential_mechanism, ledgers_epsilon
 from dpbench.tune.choices import cfg_cell_key
 
@@ -41,7 +42,7 @@ class TuneSettings:
     mode: str = "unaccounted"
     select: str = "accuracy"
     validation_fraction: float = 0.15
-    selection_epsilon: float | None = None  # accounted mode; default: the cell's target
+    selection_epsilon: float | None = None  # accounted mode; None: the cell's target
     master_seed: int = 0
     extra: list[str] = field(default_factory=list)  # overrides for every trial
 
@@ -60,11 +61,7 @@ def search_cell(cell: list[str], settings: TuneSettings,
     ``run(overrides)`` trains one configuration and returns (config, summary); failed trials
     raise, and their ledger (``err.ledger``) is still composed into the search.
     """
-    if settings.mode not in ("accounted", "unaccounted"):
-        raise ValueError(f"mode must be accounted or unaccounted (got {settings.mode!r})")
-    if settings.mode == "accounted" and settings.select != "accuracy":
-        raise ValueError("accounted tuning selects on accuracy (bounded sensitivity 1/n_val); "
-                         f"got --select {settings.select}")
+    check_settings(settings)
     seeds, selection_rng = spawn_seeds(settings.master_seed, len(settings.lrs))
     trials, cfg = [], None
     for lr, seed in zip(settings.lrs, seeds):
@@ -87,19 +84,18 @@ def search_cell(cell: list[str], settings: TuneSettings,
         log.info("cell %s lr=%g: %s=%s", cell, lr, settings.select, trials[-1]["score"])
     done = [t for t in trials if t["score"] is not None and math.isfinite(t["score"])]
     if not done or cfg is None:
-        raise RuntimeError(f"every trial of {cell} failed: " + "; ".join(
-            t.get("failed", "non-finite score") for t in trials))
+        raise TuneError(f"every trial of {' '.join(cell)} failed: " + "; ".join(
+            t.get("failed", f"no finite {settings.select} (score {t['score']!r})")
+            for t in trials))
+    # each trial keeps its own ledger: a later run rebuilds the search's ledger from them
     choice: dict[str, Any] = {"mode": settings.mode, "select": settings.select,
                               "grid": list(settings.lrs),
                               "validation_fraction": settings.validation_fraction,
-                              "trials": [{k: v for k, v in t.items() if k != "ledger"}
-                                         for t in trials]}
+                              "trials": trials}
     if settings.mode == "unaccounted":
         best = max(done, key=lambda t: t["score"])
     else:
-        eps_sel = settings.selection_epsilon or cfg.privacy.get("target_epsilon")
-        if not eps_sel:
-            raise ValueError("accounted tuning needs a private cell or --selection-epsilon")
+        eps_sel = selection_epsilon(settings, cfg)
         n_val = min(t["validation_size"] for t in done)
         best = done[exponential_mechanism([t["score"] for t in done], float(eps_sel),
                                           1.0 / n_val, selection_rng)]
@@ -118,6 +114,63 @@ def search_cell(cell: list[str], settings: TuneSettings,
         log.warning("%s: the chosen lr %g is at the edge of the grid", cell, best["lr"])
     choice["key"] = cfg_cell_key(cfg)
     return choice
+
+
+class TuneError(DPBenchError):
+    """A search could not choose (every trial failed); the CLI prints it in one line."""
+
+
+def check_settings(settings: TuneSettings) -> None:
+    """Raise ConfigError naming the option if ``settings`` cannot make a choice."""
+    if settings.mode not in ("accounted", "unaccounted"):
+        raise ConfigError(f"--mode must be accounted or unaccounted (got {settings.mode!r})")
+    if not settings.lrs:
+        raise ConfigError("--lrs needs at least one learning rate")
+    for lr in settings.lrs:
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (
+                math.isfinite(lr) and lr > 0):
+            raise ConfigError(f"--lrs: every learning rate must be a finite number > 0 "
+                              f"(got {lr!r})")
+    if settings.mode == "accounted" and settings.select != "accuracy":
+        raise ConfigError("--select: accounted tuning selects on accuracy (bounded sensitivity "
+                          f"1/n_val); got --select {settings.select}")
+    eps = settings.selection_epsilon
+    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float))
+                            or not math.isfinite(eps) or eps <= 0):
+        raise ConfigError(f"--selection-epsilon must be a finite number > 0 (got {eps!r}); "
+                          "omit it to use the cell's target epsilon")
+    if not 0.0 < settings.validation_fraction < 1.0:
+        raise ConfigError("--validation-fraction must be in (0, 1) (got "
+                          f"{settings.validation_fraction!r})")
+
+
+def selection_epsilon(settings: TuneSettings, cfg: DictConfig) -> float:
+    """Return the selection's epsilon: ``--selection-epsilon``, else the cell's target.
+
+    ConfigError (before any trial, when called on the cell's config) if neither is set: an
+    accounted search needs a private cell or an explicit selection epsilon.
+    """
+    if settings.selection_epsilon is not None:
+        return float(settings.selection_epsilon)
+    target = cfg.privacy.get("target_epsilon") if cfg.privacy.get("enabled", True) else None
+    if target is None:
+        raise ConfigError(f"--mode accounted: the cell {cfg_cell_key(cfg)} has no target "
+                          "epsilon; give --selection-epsilon, or tune it --mode unaccounted")
+    return float(target)
+
+
+def check_cell(cfg: DictConfig, settings: TuneSettings) -> None:
+    """Refuse, before any trial, a cell this search cannot tune (ConfigError naming why)."""
+    if settings.mode == "accounted":
+        from dpbench.methods import get_method
+
+        if not get_method(cfg.method.name).private or not cfg.privacy.get("enabled", True):
+            raise ConfigError(f"--mode accounted: method {cfg.method.name} with privacy="
+                              f"{cfg.privacy.name} is not private (epsilon = inf), so there is "
+                              "no epsilon to account; use --mode unaccounted")
+        selection_epsilon(settings, cfg)
+    if "lr" not in (cfg.method.get("optimizer") or {}):
+        raise ConfigError(f"method {cfg.method.name}: method.optimizer has no lr to tune")
 
 
 def expand_cells(overrides: Sequence[str]) -> list[list[str]]:
