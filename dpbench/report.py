@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from dpbench.analysis.plots import privacy_utility
-from dpbench.analysis.results import RESULTS_NAME, load_frame
+from dpbench.analysis.results import RESULTS_NAME, load_frame, row_eps_label
 from dpbench.analysis.stats import t_interval
 from dpbench.analysis.tables import (
     baseline_table,
@@ -28,6 +28,7 @@ from dpbench.analysis.tables import (
     markdown_table,
     markdown_text,
 )
+from dpbench.utils.io import atomic_write_bytes
 
 __all__ = ["build_report", "latex_text", "load_runs", "markdown_text", "main"]
 
@@ -36,6 +37,33 @@ load_runs = load_frame
 
 def _fmt(values: pd.Series) -> str:
     return t_interval(values.dropna().tolist()).format()
+
+
+#: a cell of the utility table (``dpbench.analysis.tables``), plus the seed: one run each
+_RUN_KEYS = ("label", "dataset", "model", "tuning", "eps", "seed")
+
+
+def is_audit(frame: pd.DataFrame) -> pd.Series:
+    """Return which rows are ``dpbench-audit`` runs (their own table, never the utility one)."""
+    kind = frame["kind"] if "kind" in frame else pd.Series(None, index=frame.index)
+    lower = (frame["epsilon_lower"] if "epsilon_lower" in frame
+             else pd.Series(None, index=frame.index))
+    return (kind == "audit") | lower.notna()
+
+
+def split_duplicates(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Return (frame with one completed run per cell and seed, the duplicate rows left out).
+
+    Copies of one run (the same cell and seed in two folders) are not independent seeds: the
+    first by folder name is kept, the others are listed, so n counts distinct seeds.
+    """
+    done = frame[frame["status"] == "completed"]
+    if done.empty:
+        return frame, frame.iloc[0:0]
+    keys = done.assign(eps=done.apply(row_eps_label, axis=1))[list(_RUN_KEYS)].astype(str)
+    duplicated = keys.duplicated(keep="first")
+    dropped = done[duplicated]
+    return frame.drop(index=dropped.index), dropped
 
 
 def audit_summary(frame: pd.DataFrame) -> pd.DataFrame | None:
@@ -59,6 +87,8 @@ def build_report(root: str | Path, metric: str = "accuracy",
     if metric not in frame:
         frame[metric] = None
     readable = frame[frame["status"] != "unreadable"]
+    audits = readable[is_audit(readable)]
+    readable, duplicates = split_duplicates(readable[~is_audit(readable)])
     if readable.empty:
         table = pd.DataFrame()
         markdown = f"No readable {RESULTS_NAME} under {markdown_text(root)}."
@@ -71,21 +101,27 @@ def build_report(root: str | Path, metric: str = "accuracy",
                      "95 % CI, verdict):\n\n"
                      + (markdown_table(versus.drop(columns=["ci_low", "ci_high"]))
                         if not versus.empty else f"(no {markdown_text(baseline)} runs to pair)"))
-    audit = audit_summary(readable) if not readable.empty else None
+    audit = audit_summary(audits) if not audits.empty else None
     if audit is not None:
-        markdown += ("\n\nEmpirical audit (epsilon_lower must not exceed epsilon_claimed):\n\n"
+        markdown += ("\n\nEmpirical audit (epsilon_lower must not exceed epsilon_claimed; "
+                     "audit runs, not in the table above):\n\n"
                      + markdown_table(audit.reset_index()))
+    if not duplicates.empty:
+        markdown += ("\n\nDuplicate runs (the same cell and seed as a run above; not counted):\n"
+                     + "\n".join(f"- {markdown_text(r.run_dir)}" for r in duplicates.itertuples()))
     for status, title in (("failed", "Failed runs"), ("unreadable", "Unreadable results")):
         listed = frame[frame["status"] == status]
         if not listed.empty:
             markdown += f"\n\n{title}:\n" + "\n".join(
                 f"- {markdown_text(r.run_dir)}: {markdown_text(r.error)}"
                 for r in listed.itertuples())
-    (root / "report.md").write_text(f"# {markdown_text(metric)}\n\n{markdown}\n")
-    table.to_csv(root / "report.csv")
-    (root / "report.tex").write_text(latex_table(readable, metric) if not readable.empty
-                                     else "% no readable runs\n")
-    frame.to_csv(root / "runs.csv", index=False)
+    files = {"report.md": f"# {markdown_text(metric)}\n\n{markdown}\n",
+             "report.csv": table.to_csv(),
+             "report.tex": latex_table(readable, metric) if not readable.empty
+             else "% no readable runs\n",
+             "runs.csv": frame.to_csv(index=False)}
+    for name, text in files.items():
+        atomic_write_bytes(root / name, text.encode())
     if not readable.empty:
         privacy_utility(readable, metric, root / "privacy_utility.png")
     return frame, markdown
@@ -104,7 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default=None,
                         help="method to compare every other one with (paired by seed)")
     args = parser.parse_args(argv)
-    _, markdown = build_report(args.dir, args.metric, args.baseline)
+    if not Path(args.dir).is_dir():
+        print(f"dpbench-report: error: {args.dir} is not a folder", file=sys.stderr)
+        return 2
+    try:
+        _, markdown = build_report(args.dir, args.metric, args.baseline)
+    except OSError as err:
+        print(f"dpbench-report: error: cannot write the report into {args.dir}: "
+              f"{err.strerror or err} ({err.filename or args.dir})", file=sys.stderr)
+        return 2
     print(f"{args.metric} (mean ± 95 % t-interval over seeds, n)\n")
     print(markdown)
     print(f"\nwritten: {Path(args.dir) / 'report.md'}, report.csv, report.tex, runs.csv, "

@@ -9,6 +9,7 @@ reimplemented with scipy). epsilon_lower is the largest epsilon rejected at leve
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -29,6 +30,7 @@ def p_value_dp_audit(m: int, r: int, v: int, epsilon: float, delta: float) -> fl
     return min(beta + alpha * delta * 2 * m, 1.0)
 
 
+@functools.lru_cache(maxsize=4096)
 def epsilon_lower_bound(m: int, r: int, v: int, delta: float,
                         confidence: float = 0.95, iterations: int = 40) -> float:
     """Return the largest epsilon whose null the outcome rejects at ``confidence`` (0 if none)."""
@@ -64,6 +66,58 @@ def audit_power(m: int, r: int, delta: float, confidence: float = 0.95) -> float
 CANARY_LADDER = (1000, 2000, 5000, 10000, 20000, 30000, 40000)
 #: ``auto`` sizing leaves this many wrong guesses of slack above the claimed epsilon
 TOLERATED_WRONG_GUESSES = 2
+#: ``auto`` tries the excluded side's guesses at these fractions of its maximum
+_EXCLUDED_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def unsampled_probability(sample_rate: float, steps: int, bands: int = 1) -> float:
+    """Return the probability that an included canary joins none of the run's steps.
+
+    Canaries are Poisson-sampled like data: each step includes an included canary with
+    probability q (cyclic Poisson over b bands: b q, on every b-th step only, at least
+    T // b steps), so it is never sampled with probability (1 - b q)^(T // b): e^-1 = 0.37
+    after one epoch, e^-2 = 0.14 after two. Such a canary leaves no trace in any release, so no
+    auditor can tell it from an excluded one, however broken the mechanism.
+    """
+    rate = min(1.0, bands * sample_rate)
+    return float((1.0 - rate) ** (steps // max(bands, 1)))
+
+
+def expected_wrong_guesses(m: int, k_in: int, k_out: int, unsampled: float) -> float:
+    """Return the expected wrong guesses of a fully leaking mechanism (noise off).
+
+    With the noise off, the sampled included canaries (m/2 (1 - p) of them, p the unsampled
+    probability) have positive scores and the rest score exactly 0: the m/2 excluded ones
+    and the m/2 p unsampled included ones, indistinguishable. The top k+ guesses are right
+    while they stay among the sampled ones; any excess, and each bottom guess, falls in the
+    zero-score pool, where a canary is included with probability p / (1 + p).
+    """
+    seen = m / 2 * (1.0 - unsampled)
+    included_share = unsampled / (1.0 + unsampled)  # of the zero-score pool
+    return (max(0.0, k_in - seen) * (1.0 - included_share) + k_out * included_share)
+
+
+def reachable_power(m: int, k_in: int, k_out: int, delta: float, confidence: float = 0.95,
+                    unsampled: float = 0.0) -> float:
+    """Return the epsilon_lower a fully leaking mechanism is expected to reach: the audit's
+    stated power, accounting for the canaries Poisson sampling never includes in a step.
+
+    ``audit_power`` assumes every guess can be right; with unsampled included canaries some
+    cannot, and this is the bound at the expected number of right guesses.
+    """
+    r = k_in + k_out
+    if r == 0:
+        return 0.0
+    wrong = round(expected_wrong_guesses(m, k_in, k_out, unsampled))
+    return epsilon_lower_bound(m, r, max(r - wrong, 0), delta, confidence)
+
+
+def auto_included_guesses(m: int, unsampled: float = 0.0) -> int:
+    """Return k+ for m canaries: the expected number of sampled included canaries
+    (Binomial(m, (1 - p) / 2)) minus three standard deviations, so that with the noise off
+    every top guess is a sampled included canary."""
+    share = (1.0 - unsampled) / 2
+    return max(math.floor(m * share - 3 * math.sqrt(m * share * (1 - share))), 1)
 
 
 def auto_guesses(m: int) -> int:
@@ -75,15 +129,41 @@ def auto_guesses(m: int) -> int:
     return max(m // 2 - math.ceil(1.5 * math.sqrt(m)), 1)
 
 
-def auto_canaries(claimed_epsilon: float, delta: float, confidence: float = 0.95) -> int:
+def auto_guess_counts(m: int, delta: float, confidence: float = 0.95,
+                      unsampled: float = 0.0, k_in: int | None = None,
+                      k_out: int | None = None) -> tuple[int, int]:
+    """Return (k+, k-) for m canaries, each side ``auto`` unless given.
+
+    k+ stops short of the sampled included canaries (``auto_included_guesses``); k- is the
+    count, among fractions of ``auto_guesses(m)``, with the highest ``reachable_power``: all of
+    them in a long run, none after an epoch or two, where a bottom guess is often an included
+    canary that was never sampled.
+    """
+    if k_in is None:
+        k_in = auto_included_guesses(m, unsampled)
+    if k_out is not None:
+        return k_in, k_out
+    counts = sorted({math.floor(f * auto_guesses(m)) for f in _EXCLUDED_FRACTIONS})
+    if k_in == 0:
+        counts = [c for c in counts if c > 0] or [1]
+    best = max(counts, key=lambda c: (reachable_power(m, k_in, c, delta, confidence,
+                                                      unsampled), -c))
+    return k_in, best
+
+
+def auto_canaries(claimed_epsilon: float, delta: float, confidence: float = 0.95,
+                  unsampled: float = 0.0) -> int:
     """Return the fewest canaries (from ``CANARY_LADDER``) able to detect a mechanism that
-    leaks more than ``claimed_epsilon``, with ``TOLERATED_WRONG_GUESSES`` wrong guesses.
+    leaks more than ``claimed_epsilon``, with ``TOLERATED_WRONG_GUESSES`` wrong guesses beyond
+    those the unsampled canaries make (``expected_wrong_guesses``).
 
     Falls back to the largest count when none can (the reported power then says so).
     """
     for m in CANARY_LADDER:
-        r = 2 * auto_guesses(m)
-        if epsilon_lower_bound(m, r, r - TOLERATED_WRONG_GUESSES, delta,
+        k_in, k_out = auto_guess_counts(m, delta, confidence, unsampled)
+        r = k_in + k_out
+        wrong = round(expected_wrong_guesses(m, k_in, k_out, unsampled))
+        if epsilon_lower_bound(m, r, max(r - wrong - TOLERATED_WRONG_GUESSES, 0), delta,
                                confidence) > claimed_epsilon:
             return m
     return CANARY_LADDER[-1]

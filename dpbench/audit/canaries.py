@@ -15,11 +15,16 @@ still *claiming* the planned epsilon: the audit must then report epsilon_lower >
 wraps the method (``BrokenMechanism``) and turns the loop's sensitivity check off through the
 Trainer's explicit ``check_sensitivity`` option; nothing is patched at run time.
 
-Power: with m canaries and r guesses, the largest epsilon_lower the audit can certify is the
-bound for r correct guesses (``audit_power``); a mechanism leaking more looks the same. The
-defaults (``auto``) size m and r from the epsilon the run will claim, so that a broken
-mechanism is detectable at that epsilon (up to about 8 at delta = 1e-5), and every result
-reports its power.
+Power: with m canaries and r guesses, the largest epsilon_lower the audit can certify is at
+most the bound for r correct guesses (``audit_power``); a mechanism leaking more looks the
+same. Poisson sampling leaves an included canary out of every step with probability
+p = (1 - q)^T (0.37 after one epoch), and such a canary is indistinguishable from an excluded
+one: the stated power (``reachable_power``) is the bound at the number of right guesses a
+fully leaking mechanism is expected to make, and the ``auto`` guesses are sized for it (the
+included side stops short of the sampled included canaries; the excluded side is dropped in
+short runs). The defaults (``auto``) size m from the epsilon the run will claim, so that a
+broken mechanism is detectable at that epsilon where any count can (up to about 8 at delta =
+1e-5), and every result reports its power.
 """
 
 from __future__ import annotations
@@ -35,8 +40,11 @@ from dpbench.audit.bounds import (
     CANARY_LADDER,
     audit_power,
     auto_canaries,
+    auto_guess_counts,
     auto_guesses,
     epsilon_lower_bound,
+    reachable_power,
+    unsampled_probability,
 )
 from dpbench.errors import ConfigError
 from dpbench.privacy import PrivacyAccountant
@@ -81,12 +89,15 @@ class AuditSettings:
             raise ConfigError(f"audit.break_mechanism must be one of {', '.join(BREAKS)} "
                               f"(got {self.break_mechanism!r})")
 
-    def sized(self, claimed_epsilon: float, delta: float) -> AuditSettings:
+    def sized(self, claimed_epsilon: float, delta: float,
+              unsampled: float = 0.0) -> AuditSettings:
         """Return a copy with every ``auto`` count chosen for ``claimed_epsilon`` at ``delta``.
 
-        Canaries: the fewest that can detect a leak above the claim (``auto_canaries``), or,
-        with fixed guesses, the fewest that leave room for them; guesses: all canaries but a
-        margin (``auto_guesses``).
+        ``unsampled`` is the probability that an included canary joins no step
+        (``unsampled_probability``). Canaries: the fewest that can detect a leak above the
+        claim (``auto_canaries``), or, with fixed guesses, the fewest that leave room for them;
+        guesses: ``auto_guess_counts`` (the included side stops short of the sampled included
+        canaries; the excluded side is sized for the highest reachable power).
         """
         fixed = [g for g in (self.guesses_included, self.guesses_excluded) if g != AUTO]
         m = self.canaries
@@ -98,9 +109,14 @@ class AuditSettings:
                     raise ConfigError("audit.canaries=auto cannot hold audit.guesses_* = "
                                       f"{fixed}; set audit.canaries")
             else:
-                m = auto_canaries(claimed_epsilon, delta, self.confidence)
-        k_in, k_out = (auto_guesses(m) if g == AUTO else g
-                       for g in (self.guesses_included, self.guesses_excluded))
+                m = auto_canaries(claimed_epsilon, delta, self.confidence, unsampled)
+        k_in, k_out = auto_guess_counts(
+            m, delta, self.confidence, unsampled,
+            None if self.guesses_included == AUTO else self.guesses_included,
+            None if self.guesses_excluded == AUTO else self.guesses_excluded)
+        if k_in + k_out > m:
+            raise ConfigError(f"audit.guesses_included + audit.guesses_excluded = {k_in + k_out}"
+                              f" must be at most audit.canaries = {m}")
         return AuditSettings(m, k_in, k_out, self.confidence, self.canary_norm, self.seed,
                              self.break_mechanism)
 
@@ -206,7 +222,10 @@ class AuditTrainer(Trainer):
         if not plan.private:
             raise ConfigError(f"method {method.name!r} releases without noise (epsilon = "
                               "inf): there is nothing to audit")
-        audit = audit.sized(planned_epsilon(plan), plan.delta)
+        # an included canary that Poisson sampling never puts in a step leaves no trace: the
+        # guesses and the stated power account for it (docs/audit-and-hpo.md)
+        self.unsampled = unsampled_probability(plan.sample_rate, plan.total_steps, plan.bands)
+        audit = audit.sized(planned_epsilon(plan), plan.delta, self.unsampled)
         self.audit = audit
         super().__init__(model=CanaryModel(model, audit.canaries),
                          check_sensitivity=audit.break_mechanism != "clipping", **kwargs)
@@ -257,13 +276,17 @@ class AuditTrainer(Trainer):
         correct = int(self.included[guessed_in].sum()) + int((~self.included[guessed_out]).sum())
         guesses = a.guesses_included + a.guesses_excluded
         lower = epsilon_lower_bound(a.canaries, guesses, correct, self.plan.delta, a.confidence)
-        power = audit_power(a.canaries, guesses, self.plan.delta, a.confidence)
+        power = reachable_power(a.canaries, a.guesses_included, a.guesses_excluded,
+                                self.plan.delta, a.confidence, self.unsampled)
         audit = {"method": "one-run gradient canaries (Steinke, Nasr, Jagielski 2023)",
                  "canaries": a.canaries, "included": int(self.included.sum()),
                  "guesses": guesses, "guesses_included": a.guesses_included,
                  "guesses_excluded": a.guesses_excluded, "correct": correct,
                  "confidence": a.confidence, "canary_norm": a.canary_norm,
                  "break_mechanism": a.break_mechanism, "epsilon_lower": lower,
-                 "power": power, "epsilon_claimed": summary["epsilon"]}
+                 "power": power, "epsilon_claimed": summary["epsilon"],
+                 "power_if_every_guess_right": audit_power(a.canaries, guesses, self.plan.delta,
+                                                           a.confidence),
+                 "unsampled_probability": self.unsampled}
         return {**summary, "epsilon_claimed": summary["epsilon"], "epsilon_lower": lower,
                 "audit_power": power, "audit": audit}

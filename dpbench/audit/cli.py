@@ -61,19 +61,56 @@ def table_row(record: dict[str, Any]) -> str:
             f"{a['correct']} / {a['guesses']} | {a['canaries']} |")
 
 
+#: files a training run (``dpbench``) leaves in its folder; an audit never writes them
+_TRAINING_FILES = ("config.yaml", "checkpoint.pt", "run.log")
+
+
+def check_audit_folder(run_dir: Path) -> None:
+    """Raise ConfigError if ``run_dir`` holds another kind of run than an audit.
+
+    An audit writes only ``results.json`` (``kind: audit``); it must never replace a
+    training run's record or sit among its files.
+    """
+    from dpbench.logging.records import RESULTS_NAME
+    from dpbench.utils.safe_json import UnsafeFile, read_json
+
+    found = [name for name in _TRAINING_FILES if (run_dir / name).exists()]
+    results = run_dir / RESULTS_NAME
+    if results.exists() or results.is_symlink():
+        try:
+            record = read_json(results)
+        except (UnsafeFile, OSError) as err:
+            raise ConfigError(f"hydra.run.dir={run_dir} holds a {RESULTS_NAME} that is not an "
+                              f"audit's ({err}); choose another folder") from err
+        if not isinstance(record, dict) or record.get("kind") != "audit":
+            found.append(RESULTS_NAME)
+    if found:
+        raise ConfigError(f"hydra.run.dir={run_dir} holds another kind of run ({', '.join(found)}"
+                          "); an audit writes only into an empty folder or an earlier audit's")
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="audit")
 def _hydra_entry(cfg: DictConfig) -> None:
+    from dpbench.utils.lock import RunDirLock
+
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     existed = run_dir.exists() and any(run_dir.iterdir())  # Hydra creates it empty
+    lock = RunDirLock(run_dir)
     try:
+        lock.acquire()  # one run per folder, audits and training runs alike
         check_path_values(cfg)
         check_run_dir(run_dir, list(HydraConfig.get().overrides.hydra))
+        check_audit_folder(run_dir)
         record = run_audit(cfg, run_dir)
     except (DPBenchError, TypeError, ValueError, ImportError, OSError) as err:
         message = str(err) if isinstance(err, DPBenchError) else f"{type(err).__name__}: {err}"
-        print(f"dpbench-audit: error: {message}", file=sys.stderr)
+        lines = [line.strip() for line in message.splitlines() if line.strip()]
+        print(f"dpbench-audit: error: {' / '.join(lines)}", file=sys.stderr)
+        lock.release()
         _remove_if_fresh(run_dir, existed)
         sys.exit(2)
+    finally:
+        lock.release()
     print(HEADER)
     print(table_row(record))
     if record["audit"]["power"] <= record["epsilon_claimed"]:
