@@ -7,9 +7,12 @@ entries through an entry-point group (for methods: ``dpbench.methods``), loaded 
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import logging
 import pkgutil
+import re
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar
@@ -17,6 +20,7 @@ from typing import Generic, TypeVar
 from dpbench.errors import ConfigError
 
 T = TypeVar("T")
+_UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
 log = logging.getLogger(__name__)
 
 
@@ -24,10 +28,16 @@ class Registry(Generic[T]):
     """A named collection of classes (or factories) of one kind."""
 
     def __init__(self, kind: str, entry_point_group: str | None = None,
-                 builtin_package: str | None = None) -> None:
+                 builtin_package: str | None = None, config_group: str | None = None,
+                 framework_keys: tuple[str, ...] = ()) -> None:
         self.kind = kind
         self.entry_point_group = entry_point_group
         self.builtin_package = builtin_package
+        #: set for builders called with a config group's keys (``dataset``, ``model``): each is
+        #: wrapped so that a key it does not take is refused, naming ``<group>.<key>``
+        self.config_group = config_group
+        #: keys of the group the framework reads itself (dropped unless the builder takes them)
+        self.framework_keys = frozenset(framework_keys)
         self._entries: dict[str, T] = {}
         self._plugins_loaded = False
 
@@ -35,14 +45,49 @@ class Registry(Generic[T]):
         """Return a decorator that registers its argument under ``name``."""
 
         def decorator(obj: T) -> T:
-            if name in self._entries and self._entries[name] is not obj:
+            known = self._entries.get(name)
+            if known is not None and known is not obj and getattr(
+                    known, "__wrapped__", None) is not obj:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
-            self._entries[name] = obj
+            self._entries[name] = (self._strict(name, obj) if self.config_group and known is None
+                                   and callable(obj) and not isinstance(obj, type) else
+                                   known if known is not None else obj)
             if isinstance(obj, type) and not getattr(obj, "name", None):
                 obj.name = name  # type: ignore[attr-defined]
             return obj
 
         return decorator
+
+    def _strict(self, name: str, builder: Callable) -> Callable:
+        """Return ``builder`` refusing keyword settings it does not take (ConfigError naming
+        ``<group>.<key>``). A builder that forwards ``**settings`` to a strict function is
+        refused by that function; its TypeError becomes the same one-line error."""
+        params = inspect.signature(builder).parameters.values()
+        named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        forwards = any(p.kind == p.VAR_KEYWORD for p in params)
+        group, kind = self.config_group, self.kind
+
+        def refuse(key: str) -> ConfigError:
+            known = ", ".join(sorted(named - {"input_shape", "num_classes", "data"}))
+            return ConfigError(f"{group}.{key}: {kind} {name!r} has no setting {key!r}"
+                               + ("" if forwards else f" (its settings: {known or 'none'})"))
+
+        @functools.wraps(builder)
+        def build(*args, **settings):
+            settings = {k: v for k, v in settings.items()
+                        if k in named or k not in self.framework_keys}
+            unknown = sorted(k for k in settings if k not in named)
+            if unknown and not forwards:
+                raise refuse(unknown[0])
+            try:
+                return builder(*args, **settings)
+            except TypeError as err:
+                match = _UNEXPECTED.search(str(err))
+                if forwards and match and match.group(1) in unknown:
+                    raise refuse(match.group(1)) from err
+                raise
+
+        return build
 
     def load_plugins(self) -> None:
         """Import the built-in modules and every entry point of the group, once.

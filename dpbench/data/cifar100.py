@@ -63,8 +63,7 @@ def _ensure_files(target: Path, download: bool) -> Path:
 
 
 @register_dataset("cifar100")
-def build_cifar100(root=None, download: bool = True, train_subset: int | None = None,
-                   **_: object) -> TaskData:
+def build_cifar100(root=None, download: bool = True, train_subset: int | None = None) -> TaskData:
     """Return CIFAR-100 (50000/10000, official split) normalised with public constants.
 
     The batch files are pickles: they are read with an unpickler that builds NumPy arrays

@@ -15,7 +15,7 @@ from dpbench.data.base import TaskData, fixed_split
 
 
 @register_dataset("digits")
-def build_digits(train_fraction: float = 0.8, **_: object) -> TaskData:
+def build_digits(train_fraction: float = 0.8) -> TaskData:
     """Return the digits task: 1437 train / 360 test images of shape (1, 8, 8)."""
     bunch = load_digits()
     x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0

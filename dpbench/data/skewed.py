@@ -28,8 +28,7 @@ def skew_indices(labels: np.ndarray, skew_class: int, keep_fraction: float) -> n
 
 @register_dataset("skewed_mnist")
 def build_skewed_mnist(root=None, download: bool = True, train_subset: int | None = None,
-                       skew_class: int = 8, keep_fraction: float = 0.1,
-                       **_: object) -> TaskData:
+                       skew_class: int = 8, keep_fraction: float = 0.1) -> TaskData:
     """Return MNIST whose training set keeps ``keep_fraction`` of class ``skew_class``."""
     if not 0 <= int(skew_class) <= 9:
         raise ConfigError(f"dataset.skew_class must be a digit 0-9 (got {skew_class!r})")

@@ -145,8 +145,8 @@ def _encode_adult(frame: pd.DataFrame, include_protected: bool):
 
 
 @register_dataset("adult")
-def build_adult(root=None, include_protected: bool = True, train_subset: int | None = None,
-                **_: object) -> TaskData:
+def build_adult(root=None, include_protected: bool = True,
+                train_subset: int | None = None) -> TaskData:
     """Return UCI Adult (income > 50K) with the official train/test files; group: sex."""
     folder = _root(root, "adult", "UCI Adult")
     xtr, ytr, _ = _encode_adult(_read_adult(folder / "adult.data", 0), include_protected)
@@ -168,8 +168,7 @@ def _read_arff(path: Path) -> pd.DataFrame:
 
 @register_dataset("dutch")
 def build_dutch(root=None, positive_occupation: str = "2_1", include_protected: bool = True,
-                train_fraction: float = 0.8, train_subset: int | None = None,
-                **_: object) -> TaskData:
+                train_fraction: float = 0.8, train_subset: int | None = None) -> TaskData:
     """Return the Dutch census 2001 (label: occupation) on a fixed split; group: sex."""
     if positive_occupation not in DUTCH_OCCUPATIONS:
         raise ConfigError(f"dataset.positive_occupation must be one of {DUTCH_OCCUPATIONS} "
@@ -187,8 +186,8 @@ def build_dutch(root=None, positive_occupation: str = "2_1", include_protected: 
 
 @register_dataset("celeba_attributes")
 def build_celeba_attributes(root=None, target: str = "Attractive", protected: str = "Male",
-                            include_protected: bool = True, train_subset: int | None = None,
-                            **_: object) -> TaskData:
+                            include_protected: bool = True,
+                            train_subset: int | None = None) -> TaskData:
     """Return CelebA attribute prediction: ``target`` from the other attributes (no images).
 
     Official partition: train = 0, test = 2 (validation rows are not used).

@@ -222,7 +222,7 @@ def _ett_builder(key: str):
               missing_ratio: float = 0.3, horizon: int = 0, train_stride: int | None = None,
               test_stride: int = 24, scaling: str = "public", loc=None, scale=None,
               max_train_windows: int | None = None, max_test_windows: int | None = None,
-              privacy_unit: str = "window", **_: object) -> TaskData:
+              privacy_unit: str = "window") -> TaskData:
         """Return an ETT task with the standard 12/4/4-month split."""
         data_root = resolve_data_root(root)
         if data_root is None:
@@ -296,8 +296,8 @@ def build_csv_timeseries(path: str | None = None, date_column: str = "date",
                          train_stride: int | None = None, test_stride: int = 24,
                          scaling: str = "public", loc=None, scale=None,
                          max_train_windows: int | None = None,
-                         max_test_windows: int | None = None, privacy_unit: str = "window",
-                         **_: object) -> TaskData:
+                         max_test_windows: int | None = None,
+                         privacy_unit: str = "window") -> TaskData:
     """Return a task from any CSV with a date column; chronological train/val/test split.
 
     NaN cells are unobserved (never targets, zero in the condition).

@@ -124,8 +124,7 @@ def _missing(name: str, root: Path | None) -> DataError:
 
 
 @register_dataset("mnist")
-def build_mnist(root=None, download: bool = True, train_subset: int | None = None,
-                **_: object) -> TaskData:
+def build_mnist(root=None, download: bool = True, train_subset: int | None = None) -> TaskData:
     """Return MNIST normalised with the public constants (0.1307, 0.3081)."""
     from torchvision.datasets import MNIST
 
@@ -148,8 +147,8 @@ def build_mnist(root=None, download: bool = True, train_subset: int | None = Non
 
 
 @register_dataset("fashion_mnist")
-def build_fashion_mnist(root=None, download: bool = True, train_subset: int | None = None,
-                        **_: object) -> TaskData:
+def build_fashion_mnist(root=None, download: bool = True,
+                        train_subset: int | None = None) -> TaskData:
     """Return Fashion-MNIST normalised with the public constants (0.2860, 0.3530)."""
     from torchvision.datasets import FashionMNIST
 
@@ -196,8 +195,7 @@ def _read_cifar_jpegs(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @register_dataset("cifar10")
-def build_cifar10(root=None, download: bool = True, train_subset: int | None = None,
-                  **_: object) -> TaskData:
+def build_cifar10(root=None, download: bool = True, train_subset: int | None = None) -> TaskData:
     """Return CIFAR-10 normalised with the public per-channel constants."""
     from torchvision.datasets import CIFAR10
 

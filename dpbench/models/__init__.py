@@ -5,7 +5,8 @@ from __future__ import annotations
 from dpbench.registry import Registry
 
 MODELS: Registry = Registry("model", entry_point_group="dpbench.models",
-                            builtin_package=__name__)
+                            builtin_package=__name__, config_group="model",
+                            framework_keys=("needs_data",))
 register_model = MODELS.register
 get_model_builder = MODELS.get
 model_names = MODELS.names

@@ -48,8 +48,7 @@ def _tiny_random_lm(vocab_size: int, pad_token_id: int) -> nn.Module:
 @register_model("causal_lm_lora")
 def causal_lm_lora(input_shape, num_classes: int = 0, pretrained: str = TINY_RANDOM_LM,
                    r: int = 8, alpha: float = 16.0, dropout: float = 0.0,
-                   target_modules: list[str] | tuple[str, ...] = ("q_proj", "v_proj"),
-                   **_: object) -> nn.Module:
+                   target_modules: list[str] | tuple[str, ...] = ("q_proj", "v_proj")) -> nn.Module:
     """Return the causal LM with LoRA on ``target_modules`` (everything else frozen)."""
     if not isinstance(r, int) or r < 1:
         raise ConfigError(f"model.r must be an integer >= 1 (got {r!r})")

@@ -13,8 +13,8 @@ from dpbench.models import register_model
 
 
 @register_model("cnn2")
-def cnn2(input_shape, num_classes: int, channels: tuple[int, int] = (16, 32), hidden: int = 32,
-         **_: object) -> nn.Module:
+def cnn2(input_shape, num_classes: int, channels: tuple[int, int] = (16, 32),
+         hidden: int = 32) -> nn.Module:
     """Return the 2-layer tanh CNN sized for ``input_shape`` (C, H, W)."""
     c1, c2 = channels
     features = nn.Sequential(

@@ -201,7 +201,7 @@ class TimeSeriesDiT(nn.Module):
 def time_series_dit(input_shape, num_classes: int = 0, hidden: int = 32, depth: int = 2,
                     heads: int = 2, mlp_ratio: float = 2.0, dp_aware: bool = False,
                     c_max: float = 1.0, m_gamma: float = 1.0, m_beta: float = 1.0,
-                    m_alpha: float = 1.0, data=None, **_: object) -> nn.Module:
+                    m_alpha: float = 1.0, data=None) -> nn.Module:
     """Return the AdaLN-Zero diffusion transformer for [L, K] windows (``model=dit``)."""
     if len(input_shape) != 2:
         raise ConfigError(f"model=dit needs a time-series data set with [window, channels] "

@@ -64,8 +64,7 @@ def _resnet18(num_classes: int, pretrained: bool, size: int | None) -> tuple[nn.
 
 @register_model("pretrained")
 def pretrained(input_shape, num_classes: int, arch: str = "vit_small", weights: bool = True,
-               trainable: str = "all", resolution: int | None = None,
-               **_: object) -> nn.Module:
+               trainable: str = "all", resolution: int | None = None) -> nn.Module:
     """Return ``Upsample -> backbone`` with a fresh ``num_classes`` head."""
     if arch not in ARCHS:
         raise ConfigError(f"model.arch must be one of {ARCHS} (got {arch!r})")

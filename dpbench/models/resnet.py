@@ -49,8 +49,8 @@ def dp_ready_resnet18(num_classes: int, groups: int = 32) -> nn.Module:
 
 
 @register_model("resnet18")
-def resnet18(input_shape, num_classes: int, groups: int = 32, small_input: bool = True,
-             **_: object) -> nn.Module:
+def resnet18(input_shape, num_classes: int, groups: int = 32,
+             small_input: bool = True) -> nn.Module:
     """Return ResNet-18 (GroupNorm); ``small_input`` swaps the stem for a 3x3 conv (32x32)."""
     model = dp_ready_resnet18(num_classes, groups)
     if small_input or input_shape[0] != 3:
