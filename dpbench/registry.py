@@ -72,13 +72,18 @@ class Registry(Generic[T]):
             return ConfigError(f"{group}.{key}: {kind} {name!r} has no setting {key!r}"
                                + ("" if forwards else f" (its settings: {known or 'none'})"))
 
+        def check(settings: dict) -> list[str]:
+            unknown = sorted(k for k in settings if k not in named
+                             and k not in self.framework_keys)
+            if unknown and not forwards:
+                raise refuse(unknown[0])
+            return unknown
+
         @functools.wraps(builder)
         def build(*args, **settings):
             settings = {k: v for k, v in settings.items()
                         if k in named or k not in self.framework_keys}
-            unknown = sorted(k for k in settings if k not in named)
-            if unknown and not forwards:
-                raise refuse(unknown[0])
+            unknown = check(settings)
             try:
                 return builder(*args, **settings)
             except TypeError as err:
@@ -87,7 +92,15 @@ class Registry(Generic[T]):
                     raise refuse(match.group(1)) from err
                 raise
 
+        build.check_settings = check  # type: ignore[attr-defined]
         return build
+
+    def check_settings(self, name: str, settings: dict) -> None:
+        """Raise ConfigError if the builder ``name`` would refuse a key of ``settings`` (and
+        for an unknown name), without building anything."""
+        check = getattr(self.get(name), "check_settings", None)
+        if check is not None:
+            check(settings)
 
     def load_plugins(self) -> None:
         """Import the built-in modules and every entry point of the group, once.

@@ -63,9 +63,9 @@ def check_cell_config(cfg: DictConfig) -> None:
         check_privacy_matches_method,
     )
     from dpbench.config.targets import check_targets
-    from dpbench.data import get_dataset_builder
+    from dpbench.data import DATASETS
     from dpbench.methods import get_method
-    from dpbench.models import get_model_builder
+    from dpbench.models import MODELS
     from dpbench.utils.paths import check_path_values
 
     def typed(cls, group: str):
@@ -87,8 +87,12 @@ def check_cell_config(cfg: DictConfig) -> None:
     settings = cfg.method.get("settings")
     check_method_numbers(OmegaConf.to_container(optimizer, resolve=True),
                          OmegaConf.to_container(settings, resolve=True) if settings else {})
-    get_dataset_builder(cfg.dataset.name)
-    get_model_builder(cfg.model.name)
+    def settings(group: str, *drop: str) -> dict:
+        node = OmegaConf.to_container(cfg[group], resolve=True)
+        return {k: v for k, v in node.items() if k not in drop}
+
+    DATASETS.check_settings(cfg.dataset.name, settings("dataset", "name", "task"))
+    MODELS.check_settings(cfg.model.name, settings("model", "name"))
 
 
 def train(overrides: list[str], run_dir: Path | None = None) -> tuple[DictConfig, dict[str, Any]]:
