@@ -106,14 +106,16 @@ def test_the_broken_mechanism_switches_the_check_by_option_not_by_patching():
 
 
 def test_results_and_row_report_the_audit_power(tmp_path, monkeypatch, capfd):
-    from dpbench.audit.bounds import audit_power
+    from dpbench.audit.bounds import audit_power, reachable_power
 
     run_dir = tmp_path / "audit"
     assert run_cli(_hydra_entry, [*method_overrides("dpsgd"), *SMALL_AUDIT,
                                   f"hydra.run.dir={run_dir}"], monkeypatch) == 0
     record = json.loads((run_dir / "results.json").read_text())
-    assert record["audit_power"] == record["audit"]["power"] == pytest.approx(
+    assert record["audit"]["power_if_every_guess_right"] == pytest.approx(
         audit_power(200, 40, record["delta"]))
+    assert record["audit_power"] == record["audit"]["power"] == pytest.approx(reachable_power(
+        200, 20, 20, record["delta"], 0.95, record["audit"]["unsampled_probability"]))
     out = capfd.readouterr()
     assert "| power |" in out.out and f"| {round(record['audit_power'], 3)} |" in out.out
     assert "cannot detect a mechanism leaking more" in out.err  # 40 guesses: power < 3
