@@ -22,8 +22,8 @@ from hydra.experimental.callback import Callback as HydraCallback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.config.schema import register_schemas
-from dpbench.errors import DataError, DPBenchError
+from dpbench.config.schema import check_seed, register_schemas
+from dpbench.errors import ConfigError, DataError, DPBenchError
 from dpbench.logging.records import RESULTS_NAME, failed_record, write_record
 from dpbench.tune.choices import apply_tuned
 from dpbench.utils.conf import CONF_DIR
@@ -135,6 +135,39 @@ def _callbacks(cfg: DictConfig, run_dir: Path, multirun: bool):
     return callbacks
 
 
+#: characters W&B refuses in a project name (it fails only after the run is set up)
+_WANDB_FORBIDDEN = "/\\#?%:"
+
+
+def check_logger(cfg: DictConfig) -> None:
+    """Raise ConfigError naming the key if a logger setting would fail after set-up."""
+    logger = cfg.get("logger")
+    if logger is None:
+        return
+    for key in ("project", "entity", "group"):
+        value = logger.get(key)
+        if value is not None and any(c in str(value) for c in _WANDB_FORBIDDEN):
+            raise ConfigError(f"logger.{key}={value!r} may not contain any of "
+                              f"{' '.join(_WANDB_FORBIDDEN)}")
+
+
+def check_folder_kind(run_dir: Path) -> None:
+    """Raise ConfigError if ``run_dir`` holds a ``dpbench-audit`` run (a training run never
+    replaces an audit's record)."""
+    from dpbench.utils.safe_json import UnsafeFile, read_json
+
+    results = run_dir / RESULTS_NAME
+    if not results.exists():
+        return
+    try:
+        record = read_json(results)
+    except (UnsafeFile, OSError):
+        return  # an unreadable record is the run's own to replace (as before)
+    if isinstance(record, dict) and record.get("kind") == "audit":
+        raise ConfigError(f"hydra.run.dir={run_dir} holds a dpbench-audit run; choose another "
+                          "folder")
+
+
 def _report_error(cfg: DictConfig, run_dir: Path, err: BaseException, stage: str,
                   multirun: bool, keep_record: bool) -> None:
     if isinstance(err, DPBenchError):
@@ -204,8 +237,11 @@ def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo) -> dict | 
     expected = Exception if multirun else (DPBenchError, TypeError, ValueError, ImportError,
                                            OSError)
     try:
+        check_seed(cfg.get("seed"))  # before run_name, which is built from it
         check_path_values(cfg)
+        check_logger(cfg)
         check_run_dir(run_dir, list(hc.overrides.hydra))
+        check_folder_kind(run_dir)
         cfg = apply_tuned(cfg)  # tuned=FILE: this cell's stored dpbench-tune choice
         if cfg.trainer.get("resume") and results.exists():
             record = _completed_record(cfg, results)

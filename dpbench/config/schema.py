@@ -17,6 +17,12 @@ from dpbench.errors import ConfigError
 from dpbench.privacy.accountant import DEFAULT_ACCOUNTANT, check_accountant
 from dpbench.utils.conf import GRAD_SAMPLE_MODES
 
+#: the smallest privacy.delta accepted: at 1e-15 the PLD accountant already returns inf and
+#: PRV refuses (floating-point error); 1e-12 is accounted by all three
+MIN_DELTA = 1e-12
+#: the most torch threads a run may ask for (more crashes native libraries at start-up)
+MAX_THREADS = 1024
+
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -80,6 +86,10 @@ class PrivacyConfig:
             _positive("privacy.noise_multiplier", self.noise_multiplier)
         if self.delta is not None and not (0 < self.delta < 1):
             raise ConfigError(f"privacy.delta must be in (0, 1/N) (got {self.delta!r})")
+        if self.delta is not None and self.delta < MIN_DELTA:
+            raise ConfigError(f"privacy.delta={self.delta!r} is below {MIN_DELTA:g}, too small "
+                              "to account (the PLD accountant returns inf at 1e-15); use a "
+                              "delta such as 1/N^1.1, or null (the default)")
         _positive("privacy.clip_norm", self.clip_norm)
         if math.isinf(self.clip_norm):
             raise ConfigError("privacy.clip_norm must be finite (got inf): an infinite bound "
@@ -117,9 +127,10 @@ class TrainerConfig:
             raise ConfigError(f"trainer.grad_sample_mode must be one of "
                               f"{', '.join(GRAD_SAMPLE_MODES)} (got {self.grad_sample_mode!r})")
         if self.num_threads is not None and (not isinstance(self.num_threads, int)
-                                             or self.num_threads < 1):
-            raise ConfigError(f"trainer.num_threads must be an integer >= 1 or null "
-                              f"(got {self.num_threads!r})")
+                                             or isinstance(self.num_threads, bool)
+                                             or not 1 <= self.num_threads <= MAX_THREADS):
+            raise ConfigError(f"trainer.num_threads must be an integer in [1, {MAX_THREADS}] "
+                              f"or null (got {self.num_threads!r})")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"trainer.device must be auto, cpu or cuda[:i] "
                               f"(got {self.device!r})")
