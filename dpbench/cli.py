@@ -22,7 +22,7 @@ from hydra.experimental.callback import Callback as HydraCallback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.config.schema import check_seed, register_schemas
+from dpbench.config.schema import TrainerConfig, check_seed, register_schemas
 from dpbench.errors import ConfigError, DataError, DPBenchError
 from dpbench.logging.records import RESULTS_NAME, failed_record, write_record
 from dpbench.tune.choices import apply_tuned
@@ -151,6 +151,15 @@ def check_logger(cfg: DictConfig) -> None:
                               f"{' '.join(_WANDB_FORBIDDEN)}")
 
 
+def check_trainer(cfg: DictConfig) -> None:
+    """Raise ConfigError naming the key if a ``trainer.*`` setting is out of range."""
+    node = OmegaConf.to_container(cfg.trainer, resolve=True)
+    try:
+        TrainerConfig(**node)
+    except TypeError as err:
+        raise ConfigError(f"trainer: {err}") from err
+
+
 def check_folder_kind(run_dir: Path) -> None:
     """Raise ConfigError if ``run_dir`` holds a ``dpbench-audit`` run (a training run never
     replaces an audit's record)."""
@@ -248,6 +257,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo) -> dict | 
             if record is not None:
                 print(f"dpbench: {run_dir} already completed; epsilon {record['epsilon']}")
                 return record
+        check_trainer(cfg)  # before apply_threads: a bad thread count must not reach torch
         threads = apply_threads(cfg.trainer.get("num_threads"), hc)  # k parallel jobs share cores
         callbacks = _callbacks(cfg, run_dir, multirun)
         trainer = build_trainer(cfg, run_dir, callbacks)

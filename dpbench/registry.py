@@ -41,16 +41,22 @@ class Registry(Generic[T]):
         self._entries: dict[str, T] = {}
         self._plugins_loaded = False
 
-    def register(self, name: str) -> Callable[[T], T]:
-        """Return a decorator that registers its argument under ``name``."""
+    def register(self, name: str, settings_from: Callable | None = None) -> Callable[[T], T]:
+        """Return a decorator that registers its argument under ``name``.
+
+        ``settings_from``: for a builder that forwards ``**settings`` to another function, that
+        function, whose keyword parameters with defaults are the builder's settings too (so an
+        unknown key is refused before the builder runs).
+        """
 
         def decorator(obj: T) -> T:
             known = self._entries.get(name)
             if known is not None and known is not obj and getattr(
                     known, "__wrapped__", None) is not obj:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
-            self._entries[name] = (self._strict(name, obj) if self.config_group and known is None
-                                   and callable(obj) and not isinstance(obj, type) else
+            self._entries[name] = (self._strict(name, obj, settings_from)
+                                   if self.config_group and known is None and callable(obj)
+                                   and not isinstance(obj, type) else
                                    known if known is not None else obj)
             if isinstance(obj, type) and not getattr(obj, "name", None):
                 obj.name = name  # type: ignore[attr-defined]
@@ -58,24 +64,30 @@ class Registry(Generic[T]):
 
         return decorator
 
-    def _strict(self, name: str, builder: Callable) -> Callable:
+    def _strict(self, name: str, builder: Callable,
+                settings_from: Callable | None = None) -> Callable:
         """Return ``builder`` refusing keyword settings it does not take (ConfigError naming
-        ``<group>.<key>``). A builder that forwards ``**settings`` to a strict function is
-        refused by that function; its TypeError becomes the same one-line error."""
+        ``<group>.<key>``). A builder that forwards ``**settings`` elsewhere without declaring
+        ``settings_from`` is refused by the function it forwards to; its TypeError becomes the
+        same one-line error."""
         params = inspect.signature(builder).parameters.values()
         named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
         forwards = any(p.kind == p.VAR_KEYWORD for p in params)
+        if settings_from is not None:
+            named |= {p.name for p in inspect.signature(settings_from).parameters.values()
+                      if p.default is not p.empty}
+        strict = not forwards or settings_from is not None
         group, kind = self.config_group, self.kind
 
         def refuse(key: str) -> ConfigError:
             known = ", ".join(sorted(named - {"input_shape", "num_classes", "data"}))
             return ConfigError(f"{group}.{key}: {kind} {name!r} has no setting {key!r}"
-                               + ("" if forwards else f" (its settings: {known or 'none'})"))
+                               + (f" (its settings: {known or 'none'})" if strict else ""))
 
         def check(settings: dict) -> list[str]:
             unknown = sorted(k for k in settings if k not in named
                              and k not in self.framework_keys)
-            if unknown and not forwards:
+            if unknown and strict:
                 raise refuse(unknown[0])
             return unknown
 
@@ -84,6 +96,8 @@ class Registry(Generic[T]):
             settings = {k: v for k, v in settings.items()
                         if k in named or k not in self.framework_keys}
             unknown = check(settings)
+            if not forwards:
+                settings = {k: v for k, v in settings.items() if k in named}
             try:
                 return builder(*args, **settings)
             except TypeError as err:

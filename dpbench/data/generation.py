@@ -89,7 +89,7 @@ def _hf_pairs(dataset: str, config: str | None, split: str, source, targets) -> 
     return [(source(row), targets(row)) for row in ds]
 
 
-@register_dataset("e2e")
+@register_dataset("e2e", settings_from=build_generation)
 def build_e2e(**settings) -> TaskData:
     """Return E2E NLG (Novikova et al. 2017): meaning representation -> restaurant text."""
     args = ("e2e_nlg", None)
@@ -98,7 +98,7 @@ def build_e2e(**settings) -> TaskData:
                             _hf_pairs(*args, "test", src, tgt), **settings)
 
 
-@register_dataset("dart")
+@register_dataset("dart", settings_from=build_generation)
 def build_dart(**settings) -> TaskData:
     """Return DART (Nan et al. 2021): RDF triples -> text; all references kept for BLEU."""
     def src(r):
@@ -111,7 +111,7 @@ def build_dart(**settings) -> TaskData:
                             _hf_pairs("dart", None, "test", src, tgt), **settings)
 
 
-@register_dataset("sst2_gen")
+@register_dataset("sst2_gen", settings_from=build_generation)
 def build_sst2_gen(root=None, **settings) -> TaskData:
     """Return SST-2 as generation (sentence => positive / negative): the offline stand-in."""
     base = resolve_data_root(root)

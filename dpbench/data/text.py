@@ -117,19 +117,19 @@ def build_glue(task: str, root=None, tokenizer: str = OFFLINE_DEFAULT, max_lengt
                     extras={"tokenizer": tokenizer})
 
 
-@register_dataset("sst2")
+@register_dataset("sst2", settings_from=build_glue)
 def build_sst2(**settings) -> TaskData:
     """Return GLUE SST-2 (binary sentiment): 67349 train / 872 dev sentences at full size."""
     return build_glue("sst2", **settings)
 
 
-@register_dataset("qnli")
+@register_dataset("qnli", settings_from=build_glue)
 def build_qnli(**settings) -> TaskData:
     """Return GLUE QNLI (question / sentence entailment, 2 classes)."""
     return build_glue("qnli", **settings)
 
 
-@register_dataset("mnli")
+@register_dataset("mnli", settings_from=build_glue)
 def build_mnli(**settings) -> TaskData:
     """Return GLUE MNLI (premise / hypothesis, 3 classes; dev = matched)."""
     return build_glue("mnli", **settings)

@@ -184,7 +184,7 @@ def _unfreeze(model: nn.Module, targets: list[str], layers: list[int] | None) ->
                           f"{type(model).__name__}")
 
 
-@register_model("minilm_lora")
+@register_model("minilm_lora", settings_from=lora_classifier)
 def minilm_lora(input_shape, num_classes: int, pretrained: str = OFFLINE_DEFAULT,
                 pooling: str = "mean", **settings: Any) -> nn.Module:
     """Return all-MiniLM-L6-v2 (6 layers, d 384; packaged, offline), mean-pooled, with LoRA."""
@@ -192,7 +192,7 @@ def minilm_lora(input_shape, num_classes: int, pretrained: str = OFFLINE_DEFAULT
     return lora_classifier(num_classes, pretrained, pooling=pooling, **settings)
 
 
-@register_model("roberta_lora")
+@register_model("roberta_lora", settings_from=lora_classifier)
 def roberta_lora(input_shape, num_classes: int, pretrained: str = "roberta-base",
                  **settings: Any) -> nn.Module:
     """Return RoBERTa-base/large (hub; GPU presets) with LoRA adapters."""
