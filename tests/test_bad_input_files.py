@@ -232,3 +232,18 @@ def test_json_depth_ignores_brackets_inside_strings():
     from dpbench.utils.safe_json import json_depth
 
     assert json_depth(b'{"a": "[[[[[[", "b": [1, {"c": "\\"]]]"}]}') == 3
+
+
+def test_report_write_failure_is_one_line_even_as_root(tmp_path, capfd, monkeypatch):
+    """The read-only case without relying on file modes (root ignores them)."""
+    import dpbench.report as report
+
+    def refuse(path, data):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "results.json").write_text(json.dumps(_run_record(0, 0.9)))
+    monkeypatch.setattr(report, "atomic_write_bytes", refuse)
+    assert report.main([str(tmp_path)]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot write the report" in err[0] and "Permission denied" in err[0]

@@ -71,12 +71,17 @@ def search_cell(cell: list[str], settings: TuneSettings,
                      f"seed={seed}"]
         try:
             cfg, summary = run(overrides)
+            if settings.select not in summary["metrics"]:  # stop before the other trials
+                raise MissingMetric(f"--select {settings.select}: the trials report "
+                                    f"{', '.join(sorted(summary['metrics'])) or 'no metric'}")
             score = summary["metrics"].get(settings.select)
             trials.append({"lr": lr, "seed": seed, "score": score,
                            "epsilon": summary["epsilon"], "delta": summary["delta"],
                            "accountant": summary["accountant"],
                            "validation_size": summary["evaluated_examples"],
                            "steps": summary["steps"], "ledger": summary["privacy_ledger"]})
+        except MissingMetric:
+            raise
         except Exception as err:  # a failed trial released steps: its ledger still counts
             log.warning("trial lr=%g failed: %s", lr, err)
             trials.append({"lr": lr, "seed": seed, "score": None, "failed": str(err),
@@ -118,6 +123,10 @@ def search_cell(cell: list[str], settings: TuneSettings,
 
 class TuneError(DPBenchError):
     """A search could not choose (every trial failed); the CLI prints it in one line."""
+
+
+class MissingMetric(ConfigError):
+    """``--select`` names a metric the cell's task does not report."""
 
 
 def check_settings(settings: TuneSettings) -> None:

@@ -116,3 +116,27 @@ def test_cells_that_differ_in_epochs_get_their_own_choice_and_runs(tmp_path):
     records = [json.loads(p.read_text()) for p in (out / "runs").rglob("results.json")]
     assert sorted(r["config"]["trainer"]["epochs"] for r in records) == [1, 2]
     assert not (out / ".dpbench.lock").exists()  # the --out lock is released
+
+
+def test_an_unwritable_out_folder_is_refused_even_as_root(tmp_path, capfd, monkeypatch):
+    import tempfile
+
+    def refuse(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    out = tmp_path / "new" / "out"
+    code = _main(["--lrs", "0.1", "--seeds", "0", "--out", str(out), "--", *CELL])
+    assert code == 2
+    assert "cannot write into --out" in capfd.readouterr().err
+    assert not (tmp_path / "new").exists()  # the folders it made are removed again
+
+
+def test_an_unknown_select_metric_stops_after_the_first_trial(tmp_path, capfd):
+    out = tmp_path / "out"
+    code = _main(["--mode", "unaccounted", "--select", "no_such_metric", "--lrs", "0.1,0.5",
+                  "--seeds", "0", "--out", str(out), "--", *CELL])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert code == 2 and "--select no_such_metric: the trials report" in err[-1]
+    assert "accuracy" in err[-1]
+    assert not (out / "choices.json").exists()
