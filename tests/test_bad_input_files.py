@@ -247,3 +247,36 @@ def test_report_write_failure_is_one_line_even_as_root(tmp_path, capfd, monkeypa
     assert report.main([str(tmp_path)]) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot write the report" in err[0] and "Permission denied" in err[0]
+
+
+def test_a_planted_lock_link_never_truncates_its_target(tmp_path, monkeypatch, capfd):
+    """A collaborator links <run dir>/.dpbench.lock to someone's file: the run refuses the
+    folder instead of truncating that file through the link."""
+    victim = tmp_path / "thesis.tex"
+    victim.write_text("years of work")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ".dpbench.lock").symlink_to(victim)
+    code = run_cli(_hydra_entry, [*BASE, f"hydra.run.dir={run_dir}"], monkeypatch)
+    assert code == 2 and "is a symbolic link, not a dpbench lock" in capfd.readouterr().err
+    assert victim.read_text() == "years of work"
+
+
+def test_a_planted_choices_lock_link_is_refused(tmp_path):
+    from dpbench.tune.choices import write_choice
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "choices.json.lock").symlink_to(victim)
+    with pytest.raises(ConfigError, match="is not a plain file"):
+        write_choice(tmp_path / "choices.json", "k", {"key": "k"})
+    assert victim.read_text() == "keep" and not (tmp_path / "choices.json").exists()
+
+
+@pytest.mark.parametrize("make", ["directory"])
+def test_a_tuned_path_that_is_a_folder_is_refused(tmp_path, make):
+    from dpbench.tune.choices import read_choices
+
+    (tmp_path / "choices.json").mkdir()
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_choices(tmp_path / "choices.json")

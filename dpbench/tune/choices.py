@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import math
+import os
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,6 +38,10 @@ MODES = ("accounted", "unaccounted")
 CHOICES_VERSION = 2
 #: choices files are small; anything larger is refused unread
 MAX_CHOICES_BYTES = 16 * 2**20
+#: bounds on what a later run recomputes from a choice (a search has a few trials, each
+#: with a ledger of a few entries)
+MAX_TRIALS = 1000
+MAX_LEDGER_ENTRIES = 1000
 
 
 def _positive_finite(value: Any) -> str | None:
@@ -123,12 +128,20 @@ def read_choices(path: str | Path) -> dict[str, Any]:
 def _locked(path: Path):
     """Hold an exclusive lock beside ``path`` (parallel searches write one choices file); POSIX
     ``flock``, as ``dpbench.utils.lock`` uses for run folders."""
-    with open(path.with_name(path.name + ".lock"), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    lock = path.with_name(path.name + ".lock")
+    try:  # never through a planted link
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+        raise ConfigError(f"cannot lock {path}: {lock} is not a plain file "
+                          f"({err.strerror or err})") from err
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def write_choice(path: str | Path, key: str, choice: dict[str, Any]) -> None:
@@ -150,6 +163,9 @@ def _ledger_entries(source: Any, key: str, field: str, ledger: Any) -> list[dict
     """Return ``ledger`` if every entry is a well-formed (sigma, q, steps) group."""
     if not isinstance(ledger, list):
         raise _refuse(source, key, field, f"must be a list of ledger entries (got {ledger!r})")
+    if len(ledger) > MAX_LEDGER_ENTRIES:  # accounting cost grows with the entries
+        raise _refuse(source, key, field, f"has {len(ledger)} entries (at most "
+                      f"{MAX_LEDGER_ENTRIES})")
     for i, entry in enumerate(ledger):
         where = f"{field}[{i}]"
         if not isinstance(entry, dict):
@@ -182,6 +198,8 @@ def _accounted_totals(source: Any, key: str, choice: dict[str, Any]) -> dict[str
     trials = choice.get("trials")
     if not isinstance(trials, list) or not trials:
         raise _refuse(source, key, "trials", "must list the search's trials")
+    if len(trials) > MAX_TRIALS:
+        raise _refuse(source, key, "trials", f"has {len(trials)} entries (at most {MAX_TRIALS})")
     ledgers = []
     for i, trial in enumerate(trials):
         if not isinstance(trial, dict):

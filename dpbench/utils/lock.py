@@ -30,7 +30,13 @@ class RunDirLock:
     def acquire(self) -> RunDirLock:
         """Take the lock; raise RunDirBusy if another process holds it (OSError if unwritable)."""
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # never through a link: a planted link would truncate its target
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except OSError as err:
+                if os.path.islink(self.path):
+                    raise RunDirBusy(f"{self.path} is a symbolic link, not a dpbench lock; "
+                                     "remove it or choose another folder") from err
+                raise
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

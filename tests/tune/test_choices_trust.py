@@ -167,3 +167,15 @@ def test_the_dpbench_command_refuses_a_hostile_choice_before_any_work(tmp_path, 
     err = capfd.readouterr().err.strip().splitlines()
     assert code == 2 and not marker.exists() and not run_dir.exists()
     assert len(err) == 1 and "overrides.method.optimizer is not a tunable key" in err[0]
+
+
+def test_a_choice_with_too_many_trials_or_ledger_entries_is_refused_before_accounting(tmp_path,
+                                                                                      key):
+    many_trials = _accounted_choice(key)
+    many_trials["trials"] = many_trials["trials"] * 600
+    with pytest.raises(ConfigError, match="trials has 1200 entries"):
+        _apply(tmp_path, many_trials, key)
+    long_ledger = _accounted_choice(key)
+    long_ledger["trials"][0]["ledger"] = LEDGER * 1001
+    with pytest.raises(ConfigError, match=r"trials\[0\].ledger has 1001 entries"):
+        _apply(tmp_path, long_ledger, key)
