@@ -101,11 +101,14 @@ def one_at_a_time_grads(model: nn.Module, loss_of_example, n: int) -> list[list[
 def float64_batch(batch):
     """Return ``batch`` (a tensor, or a tuple or list of them) with its floating tensors in float64.
 
-    Integer tensors (labels, token ids, time steps) are left as they are.
+    Integer tensors (labels, token ids, time steps) and anything else (``None``) are left as
+    they are.
     """
     if isinstance(batch, torch.Tensor):
         return batch.double() if batch.is_floating_point() else batch
-    return type(batch)(float64_batch(t) for t in batch)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(float64_batch(t) for t in batch)
+    return batch
 
 
 def assert_trajectory_matches(actual, reference, *, dtype: torch.dtype = torch.float32,
