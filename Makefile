@@ -14,8 +14,9 @@ help:  ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
 
 # The exact versions `make setup` installs (pip-tools' pip-compile of pyproject.toml's ranges
-# with the dev and llm extras). `make setup LOCK=` installs from the ranges instead.
-LOCK    ?= requirements.lock
+# with the dev and llm extras, resolved on CPython 3.11; docs/testing.md). Another Python, or
+# `make setup LOCK=`, installs from the ranges instead.
+LOCK    ?= $(shell $(PY) -c 'import sys; print("requirements.lock" if sys.version_info[:2] == (3, 11) else "")')
 PIP_COMPILE := $(BIN)/pip-compile --quiet --allow-unsafe --strip-extras --extra dev --extra llm \
                --no-emit-index-url --no-emit-find-links
 
