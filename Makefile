@@ -6,26 +6,54 @@ STAMP   := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup demo test test-data test-device test-full lint format bench clean reproduce reproduce-fiber \
+.PHONY: help setup lock demo test test-numerics test-data test-device test-full lint format bench clean reproduce reproduce-fiber \
         reproduce-dp-adaln reproduce-bounded-adaclip reproduce-dp-ivon reproduce-spectral
 
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+# The exact versions `make setup` installs (pip-tools' pip-compile of pyproject.toml's ranges
+# with the dev and llm extras, resolved on CPython 3.11; docs/testing.md). Another Python, or
+# `make setup LOCK=`, installs from the ranges instead.
+LOCK    ?= $(shell $(PY) -c 'import sys; print("requirements.lock" if sys.version_info[:2] == (3, 11) else "")')
+PIP_COMPILE := $(BIN)/pip-compile --quiet --allow-unsafe --strip-extras --extra dev --extra llm \
+               --no-emit-index-url --no-emit-find-links
+
+$(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m venv $(VENV)
+ifeq ($(strip $(LOCK)),)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,llm]'
+else
+	$(BIN)/pip install -q -r $(LOCK)
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+endif
 	touch $(STAMP)
 
-setup: $(STAMP)  ## create .venv and install dpbench with the dev and llm extras
+setup: $(STAMP)  ## create .venv and install dpbench, dev and llm extras, at the locked versions
+
+lock: $(STAMP)  ## re-resolve requirements.lock after a change to pyproject.toml (ARGS=--upgrade: newest)
+	$(PIP_COMPILE) $(ARGS) -o requirements.lock pyproject.toml
 
 demo: $(STAMP)  ## the default DP run, offline, no data root (scikit-learn digits), prints the result
 	env -u DPBENCH_DATA_ROOT WANDB_MODE=offline $(BIN)/dpbench
 
 test: $(STAMP)  ## the test suite CI runs: no data root, no network (slow and data tests excluded)
 	$(BIN)/pytest -m "not slow and not data and not device" -q
+
+# The tests with numerical equalities, on each CPU kernel set PyTorch can pick: another
+# machine's kernels round float32 differently (docs/testing.md).
+NUMERICS_TESTS := tests/models tests/training tests/methods tests/privacy tests/tasks \
+                  tests/test_numerics.py
+CPU_CAPABILITIES ?= default avx2
+
+test-numerics: $(STAMP)  ## the numerical tests under each ATEN_CPU_CAPABILITY (default, avx2)
+	@set -e; for cap in $(CPU_CAPABILITIES); do \
+	  echo "== ATEN_CPU_CAPABILITY=$$cap"; \
+	  ATEN_CPU_CAPABILITY=$$cap $(BIN)/pytest -m "not slow and not data and not device" -q \
+	    -p no:cacheprovider $(NUMERICS_TESTS); \
+	done
 
 test-data: $(STAMP)  ## checks of the real data files under DPBENCH_DATA_ROOT (required)
 	@if [ -z "$${DPBENCH_DATA_ROOT:-}" ]; then \

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from dpbench.analysis.plots import privacy_utility
-from dpbench.analysis.results import RESULTS_NAME, load_frame, row_eps_label
+from dpbench.analysis.results import RESULTS_NAME, iter_records, load_frame, row_eps_label
 from dpbench.analysis.stats import t_interval
 from dpbench.analysis.tables import (
     baseline_table,
@@ -127,6 +127,26 @@ def build_report(root: str | Path, metric: str = "accuracy",
     return frame, markdown
 
 
+#: the environment fields the report groups runs by (results.json's ``environment``)
+ENVIRONMENT_COLUMNS = ("python", "torch", "opacus", "dp_accounting", "numpy", "device_name",
+                       "torch_threads", "cpu_capability", "git_dirty")
+
+
+def environment_table(root: str | Path) -> pd.DataFrame:
+    """Return one row per distinct environment under ``root`` with its number of runs.
+
+    Runs whose numbers differ only by library versions, device, threads or CPU kernels can be
+    told apart here; records written before the block existed show as unknown.
+    """
+    rows = [{key: (record.get("environment") or {}).get(key, "unknown")
+             for key in ENVIRONMENT_COLUMNS}
+            for _, record in iter_records(root) if isinstance(record, dict)]
+    if not rows:
+        return pd.DataFrame(columns=[*ENVIRONMENT_COLUMNS, "runs"])
+    frame = pd.DataFrame(rows).astype(str)
+    return frame.groupby(list(ENVIRONMENT_COLUMNS)).size().rename("runs").reset_index()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="dpbench-report",
@@ -139,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="metric from results.json's metrics (default: accuracy)")
     parser.add_argument("--baseline", default=None,
                         help="method to compare every other one with (paired by seed)")
+    parser.add_argument("--environment", action="store_true",
+                        help="also list the environments the runs ran in (versions, device, "
+                             "threads, CPU kernels)")
     args = parser.parse_args(argv)
     if not Path(args.dir).is_dir():
         print(f"dpbench-report: error: {args.dir} is not a folder", file=sys.stderr)
@@ -151,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{args.metric} (mean ± 95 % t-interval over seeds, n)\n")
     print(markdown)
+    if args.environment:
+        print("\nEnvironments:\n\n" + markdown_table(environment_table(args.dir)))
     print(f"\nwritten: {Path(args.dir) / 'report.md'}, report.csv, report.tex, runs.csv, "
           "privacy_utility.png")
     return 0

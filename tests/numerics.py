@@ -96,3 +96,43 @@ def one_at_a_time_grads(model: nn.Module, loss_of_example, n: int) -> list[list[
         out.append([torch.zeros_like(p) if g is None else g.detach()
                     for p, g in zip(params, grads)])
     return out
+
+
+def float64_batch(batch):
+    """Return ``batch`` (a tensor, or a tuple or list of them) with its floating tensors in float64.
+
+    Integer tensors (labels, token ids, time steps) and anything else (``None``) are left as
+    they are.
+    """
+    if isinstance(batch, torch.Tensor):
+        return batch.double() if batch.is_floating_point() else batch
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(float64_batch(t) for t in batch)
+    return batch
+
+
+def assert_trajectory_matches(actual, reference, *, dtype: torch.dtype = torch.float32,
+                              reduction: int = 1, safety: float = SAFETY,
+                              name: str = "") -> float:
+    """Assert each step of a low-precision trajectory matches its float64 reference.
+
+    ``actual`` and ``reference`` are sequences of tensors (the parameters, flattened, after each
+    step; or a loss per step). The rounding errors of ``k`` steps add up, so step ``k`` (from 1)
+    is held to ``k`` times :func:`tolerance`: a bound that grows linearly, as for a
+    contraction-free update (small learning rates), and still fails on a wrong step.
+    Returns the worst ratio of error to bound seen.
+    """
+    actual, reference = list(actual), list(reference)
+    if len(actual) != len(reference):
+        raise AssertionError(f"{name}: {len(actual)} steps != reference {len(reference)}")
+    worst = 0.0
+    for k, (a, r) in enumerate(zip(actual, reference), start=1):
+        a, r = torch.as_tensor(a), torch.as_tensor(r)
+        if r.dtype != torch.float64:
+            raise TypeError(f"{name}: the reference must be float64, got {r.dtype}")
+        tol = k * tolerance(dtype, reduction, safety)
+        err = relative_error(a, r)
+        assert err <= tol, (f"{name}: step {k} relative error {err:.3g} > tolerance "
+                            f"{tol:.3g}")
+        worst = max(worst, err / tol)
+    return worst

@@ -7,7 +7,11 @@ import math
 #: top-level keys a results record always carries, whatever the method
 REQUIRED_KEYS = ("method", "dataset", "model", "seed", "target_epsilon", "epsilon", "delta",
                  "noise_multiplier", "sample_rate", "steps", "accountant", "metrics",
-                 "wall_time_s", "status")
+                 "wall_time_s", "status", "environment")
+
+#: what the ``environment`` block says (versions, device, threads, CPU kernels, dirty tree)
+ENVIRONMENT_KEYS = ("python", "torch", "opacus", "dp_accounting", "numpy", "device",
+                    "device_name", "torch_threads", "cpu_capability", "git_dirty")
 
 
 def contract_problems(record: dict) -> list[str]:
@@ -21,6 +25,12 @@ def contract_problems(record: dict) -> list[str]:
         return problems
     if not isinstance(record["metrics"], dict) or not record["metrics"]:
         problems.append("no metrics")
+    env = record["environment"]
+    if not isinstance(env, dict):
+        problems.append("environment is not a mapping")
+    else:
+        problems += [f"environment has no {key}" for key in ENVIRONMENT_KEYS
+                     if env.get(key) is None]  # a finished run imported torch: all are known
     if record["method"] == "nonprivate":
         return problems
     epsilon, target = record["epsilon"], record["target_epsilon"]

@@ -77,10 +77,18 @@ def test_privacy_schema_refuses_settings_it_would_ignore(kwargs, key):
         PrivacyConfig(**kwargs)
 
 
-@pytest.mark.parametrize("option", ["sigma", "nonprivate", "eps1", "eps3", "eps8"])
+@pytest.mark.parametrize("option", _options("privacy"))
 def test_every_privacy_option_is_valid_as_shipped(option):
     cfg = compose_config(f"privacy={option}")
-    PrivacyConfig(**OmegaConf.to_container(cfg.privacy, resolve=True))
+    privacy = PrivacyConfig(**OmegaConf.to_container(cfg.privacy, resolve=True))
+    assert privacy.name.startswith(option)  # sigma's name carries its value: sigma1.0
+    if option.startswith("eps"):  # epsN targets epsilon N
+        assert privacy.target_epsilon == float(option.removeprefix("eps"))
+
+
+def test_the_privacy_options_are_found_on_disk():
+    assert {"sigma", "nonprivate", "eps1", "eps2", "eps3", "eps4", "eps8"} <= set(
+        _options("privacy"))
 
 
 def test_a_private_method_may_run_without_privacy_but_not_the_reverse():

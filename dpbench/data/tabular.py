@@ -84,7 +84,9 @@ def one_hot(frame: pd.DataFrame, categories: dict[str, Sequence[str]]) -> np.nda
     """Return the one-hot block of ``frame`` over the fixed category lists (unknown -> 0s)."""
     blocks = []
     for column, values in categories.items():
-        codes = pd.Categorical(frame[column].astype(str), categories=list(values)).codes
+        # position in the fixed list, -1 for a value outside it (a pd.Categorical built from
+        # such values is deprecated in pandas 3)
+        codes = pd.Index(list(values)).get_indexer(frame[column].astype(str))
         block = np.zeros((len(frame), len(values)), dtype=np.float32)
         known = codes >= 0
         block[np.flatnonzero(known), codes[known]] = 1.0

@@ -7,7 +7,11 @@ any training module is imported (docs/engine.md, start-up).
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+import os
+import platform
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +22,82 @@ from dpbench.utils.io import atomic_write_json
 RESULTS_NAME = "results.json"
 
 
+#: the libraries whose versions change a run's numbers, by distribution name
+VERSIONED = {"torch": "torch", "opacus": "opacus", "dp_accounting": "dp-accounting",
+             "numpy": "numpy"}
+
+
 @functools.lru_cache(maxsize=1)
-def git_commit() -> str:
-    """Return the commit of the dpbench checkout (``unknown`` outside git)."""
+def _git_state() -> tuple[str, bool | None]:
+    """Return (commit, whether tracked files differ from it); ("unknown", None) outside git."""
     root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                              text=True, timeout=5, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
                                cwd=root, capture_output=True, text=True, timeout=5).stdout
-        return out.stdout.strip() + ("-dirty" if dirty.strip() else "")
+        return out.stdout.strip(), bool(dirty.strip())
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return "unknown", None
+
+
+def git_commit() -> str:
+    """Return the commit of the dpbench checkout (``unknown`` outside git), ``-dirty`` added
+    when tracked files differ from it."""
+    commit, dirty = _git_state()
+    return commit + ("-dirty" if dirty else "")
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_name() -> str:
+    """Return the processor's model name (Linux's /proc/cpuinfo, else the platform's word)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _torch_environment(device: str | None) -> dict[str, Any]:
+    """Return the device, thread count and CPU kernel set, if torch is already imported.
+
+    torch is not imported here: a run refused before training writes its record without it
+    (these fields are then null).
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {"device": None, "device_name": None, "torch_threads": None,
+                "cpu_capability": None}
+    name = device or "cpu"
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device_name = _cpu_name()
+    if name.startswith("cuda") and torch.cuda.is_available():
+        device_name = torch.cuda.get_device_name(torch.device(name))
+    return {"device": name, "device_name": device_name,
+            "torch_threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def environment(device: str | None = None) -> dict[str, Any]:
+    """Return what a run's numbers depend on besides its config: library versions, the device,
+    torch's threads, the CPU kernel set (``ATEN_CPU_CAPABILITY``), a dirty working tree."""
+    commit, dirty = _git_state()
+    return {"python": platform.python_version(),
+            **{key: _version(dist) for key, dist in VERSIONED.items()},
+            "platform": platform.platform(), "cpu": _cpu_name(),
+            **_torch_environment(device),
+            "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY"),
+            "git_commit": commit, "git_dirty": dirty}
 
 
 def _tuning_record(cfg: DictConfig) -> dict[str, Any]:
@@ -60,6 +128,7 @@ def base_record(cfg: DictConfig) -> dict[str, Any]:
         "tuning": _tuning_record(cfg),
         "config": OmegaConf.to_container(cfg, resolve=True),
         "git_commit": git_commit(),
+        "environment": environment(cfg.get("trainer", {}).get("device")),
     }
 
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from dpbench.errors import ConfigError
 from dpbench.models import register_model
-from dpbench.utils.pretrained import TINY_RANDOM_LM, from_pretrained, load_tokenizer
+from dpbench.utils.pretrained import TINY_RANDOM_LM, from_pretrained, load_tokenizer, peft_model
 
 
 class CausalLM(nn.Module):
@@ -52,7 +52,7 @@ def causal_lm_lora(input_shape, num_classes: int = 0, pretrained: str = TINY_RAN
     """Return the causal LM with LoRA on ``target_modules`` (everything else frozen)."""
     if not isinstance(r, int) or r < 1:
         raise ConfigError(f"model.r must be an integer >= 1 (got {r!r})")
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig
     from transformers import AutoModelForCausalLM
 
     tokenizer = load_tokenizer(pretrained)
@@ -63,7 +63,7 @@ def causal_lm_lora(input_shape, num_classes: int = 0, pretrained: str = TINY_RAN
     config = LoraConfig(task_type="CAUSAL_LM", r=r, lora_alpha=alpha, lora_dropout=dropout,
                         target_modules=list(target_modules))
     try:
-        net = get_peft_model(net, config)
+        net = peft_model(net, config)
     except ValueError as err:
         raise ConfigError(f"model.target_modules {list(target_modules)} do not match "
                           f"{type(net).__name__}: {err}") from err

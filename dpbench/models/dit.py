@@ -34,11 +34,13 @@ def is_conditioning_parameter(name: str) -> bool:
     return name.startswith(("cond_encoder.", "step_embed.")) or ".modulation." in name
 
 
-def sinusoidal(positions: torch.Tensor, dim: int) -> torch.Tensor:
+def sinusoidal(positions: torch.Tensor, dim: int,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Return [..., dim] sinusoidal embeddings of ``positions`` (Vaswani et al. 2017)."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=positions.device) / half)
-    args = positions.float().unsqueeze(-1) * freqs
+    freqs = torch.exp(-math.log(10000.0)
+                      * torch.arange(half, device=positions.device, dtype=dtype) / half)
+    args = positions.to(dtype).unsqueeze(-1) * freqs
     emb = torch.cat([torch.sin(args), torch.cos(args)], dim=-1)
     return nn.functional.pad(emb, (0, dim - 2 * half))
 
@@ -183,7 +185,7 @@ class TimeSeriesDiT(nn.Module):
                   covariates: torch.Tensor) -> torch.Tensor:
         """Return c~ [B, L, d]: encoder(observed, mask, covariates) + step embedding, bounded."""
         c = self.cond_encoder(cond_values, cond_mask, covariates)
-        c = c + self.step_embed(sinusoidal(step, self.hidden)).unsqueeze(1)
+        c = c + self.step_embed(sinusoidal(step, self.hidden, c.dtype)).unsqueeze(1)
         return self.bounds.project(c)
 
     def forward(self, noisy: torch.Tensor, target_mask: torch.Tensor, step: torch.Tensor,
@@ -191,7 +193,7 @@ class TimeSeriesDiT(nn.Module):
                 covariates: torch.Tensor) -> torch.Tensor:
         c = self.condition(step, cond_values, cond_mask, covariates)
         h = self.input(torch.cat([noisy * target_mask, target_mask], dim=-1))
-        h = h + sinusoidal(torch.arange(h.shape[1], device=h.device), self.hidden)
+        h = h + sinusoidal(torch.arange(h.shape[1], device=h.device), self.hidden, h.dtype)
         for block in self.blocks:
             h = block(h, c)
         return self.final(h, c)

@@ -23,7 +23,7 @@ from torch import nn
 
 from dpbench.errors import ConfigError
 from dpbench.models import register_model
-from dpbench.utils.pretrained import OFFLINE_DEFAULT, from_pretrained
+from dpbench.utils.pretrained import OFFLINE_DEFAULT, from_pretrained, peft_model
 
 ADAPTERS = ("lora", "linear")
 
@@ -145,13 +145,13 @@ def lora_classifier(num_classes: int, pretrained: str, adapter: str = "lora", r:
                                 num_labels=num_classes)
     targets = list(target_modules)
     if adapter == "lora":
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig
 
         config = LoraConfig(task_type="SEQ_CLS" if pooling == "cls" else None, r=r,
                             lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
                             layers_to_transform=list(layers) if layers is not None else None)
         try:
-            model = get_peft_model(model, config)
+            model = peft_model(model, config)
         except ValueError as err:
             raise ConfigError(f"model.target_modules {targets} do not match "
                               f"{type(model).__name__}: {err}") from err

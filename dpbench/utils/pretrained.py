@@ -9,6 +9,7 @@ in the local cache raises a clear :class:`DataError` instead of a long traceback
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +65,19 @@ def load_tokenizer(name: str) -> Any:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def peft_model(model: Any, config: Any) -> Any:
+    """Return peft's ``get_peft_model(model, config)``, without transformers' deprecation note.
+
+    peft (up to 0.21) reads ``is_gradient_checkpointing``, which transformers 5 deprecates for
+    ``is_activation_checkpointing`` with a FutureWarning on every LoRA model built. The note is
+    about peft's code, not ours, so it is silenced here, at the one place we call peft, and
+    nowhere else; pyproject.toml keeps transformers below 6, where the property is removed.
+    """
+    from peft import get_peft_model
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                category=FutureWarning)
+        return get_peft_model(model, config)

@@ -88,13 +88,20 @@ def test_the_broken_mechanism_switches_the_check_by_option_not_by_patching():
     """The audit turns the sensitivity check off through Trainer(check_sensitivity=False)."""
     import functools
     import inspect
+    import sys
 
     import dpbench.audit.canaries as canaries
     from dpbench.experiment import build_trainer
     from dpbench.training import step
 
-    assert "_check_bound" not in inspect.getsource(canaries)
+    def namespaces():  # every function and class each loaded dpbench module exposes
+        return {(name, key): value for name, module in list(sys.modules.items())
+                if name.startswith("dpbench") and module is not None
+                for key, value in vars(module).items()
+                if inspect.isfunction(value) or inspect.isclass(value)}
+
     saved = step._check_bound
+    before = namespaces()
     for broken, checked in (("clipping", False), ("noise", True), ("none", True)):
         cfg = audit_config(*method_overrides("dpsgd"), *SMALL_AUDIT,
                            f"audit.break_mechanism={broken}")
@@ -103,6 +110,8 @@ def test_the_broken_mechanism_switches_the_check_by_option_not_by_patching():
         assert trainer.check_sensitivity is checked
         assert trainer.method.clip_factors.__self__ is trainer.method  # no lambda patched in
         assert step._check_bound is saved
+        after = namespaces()  # nothing already loaded was replaced (new imports may add)
+        assert {k: v for k, v in after.items() if k in before and v is not before[k]} == {}
 
 
 def test_results_and_row_report_the_audit_power(tmp_path, monkeypatch, capfd):

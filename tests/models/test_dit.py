@@ -7,6 +7,12 @@ import torch
 from opacus import GradSampleModule
 
 from dpbench.models.dit import AdaLNZeroBlock, Bounds, TimeSeriesDiT
+from tests.numerics import (
+    assert_matches_reference,
+    float64_batch,
+    float64_copy,
+    one_at_a_time_grads,
+)
 
 L, K, F = 6, 3, 5
 
@@ -81,16 +87,15 @@ def test_opacus_per_example_gradients_match_one_at_a_time(mode, dp_aware):
                                         m_alpha=0.5))
     _randomise(model, std=0.3)
     x = _inputs(4, scale=3.0)
-    reference = []
-    for i in range(4):
-        model.zero_grad()
-        model(*(t[i:i + 1] for t in x)).pow(2).sum().backward()
-        reference.append([p.grad.clone() for p in model.parameters()])
+    x64 = float64_batch(x)
+    reference = one_at_a_time_grads(
+        float64_copy(model), lambda m, i: m(*(t[i:i + 1] for t in x64)).pow(2).sum(), 4)
     gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum",
                            force_functorch=mode == "functorch")
     model.zero_grad()
     gsm(*x).pow(2).flatten(1).sum(dim=1).sum().backward()
-    for j, p in enumerate(model.parameters()):
+    for j, (name, p) in enumerate(model.named_parameters()):
         expected = torch.stack([r[j] for r in reference])
-        torch.testing.assert_close(p.grad_sample, expected, atol=1e-6, rtol=1e-4)
+        assert_matches_reference(p.grad_sample, expected, dtype=torch.float32,
+                                 reduction=L * 4 * 8, per_row=True, name=name)
     gsm._close()
