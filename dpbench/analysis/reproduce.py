@@ -36,6 +36,7 @@ log = logging.getLogger("dpbench.reproduce")
 SPEC_DIR = Path(__file__).resolve().parents[2] / "conf" / "reproduce"
 PAPERS = ("bounded_adaclip", "fiber", "dp_ivon", "spectral", "dp_adaln")
 _QUIET = ["logger=none", "trainer.progress=false"]
+WALL_TIME_NAME = "wall_time.json"
 
 
 def load_spec(paper: str) -> dict[str, Any]:
@@ -181,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
             run_jobs(sweep_commands(spec, args, out), args.dry_run)
             if not args.dry_run:
                 timings[paper] = time.perf_counter() - start
+                # kept beside the runs, so a later --claims-only rebuild still shows it
+                (out / WALL_TIME_NAME).write_text(json.dumps(
+                    {"seconds": timings[paper], "jobs": args.jobs,
+                     "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}))
         if out.exists():
             (out / "tables.md").write_text(paper_tables(spec, out))
             paper_plots(spec, out)

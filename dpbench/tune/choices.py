@@ -1,6 +1,7 @@
 """Stored tuning choices (``choices.json``) and how a later run applies them (``tuned=FILE``).
 
-A choice is keyed by its cell (method, data set, model, target epsilon) and holds the
+A choice is keyed by its cell (method, data set, model, target epsilon, and the method
+settings that differ from the method's defaults: an ablation's variant) and holds the
 overrides the search chose, the search's mode and, in ``accounted`` mode, the search's
 privacy ledger and selection epsilon, so that every run using the choice can report the
 total epsilon of search + run (docs/tuning-and-claims.md, "Tuning").
@@ -23,15 +24,34 @@ CHOICES_NAME = "choices.json"
 MODES = ("accounted", "unaccounted")
 
 
-def cell_key(method: str, dataset: str, model: str, target_epsilon: Any) -> str:
-    """Return the key of a (method, data set, model, epsilon) cell."""
+def cell_key(method: str, dataset: str, model: str, target_epsilon: Any,
+             variant: dict[str, Any] | None = None) -> str:
+    """Return the key of a (method, data set, model, epsilon) cell; ``variant`` (method
+    settings that differ from the method's defaults, e.g. an ablation's ``correction``) is
+    part of the key, so each variant of a method is tuned on its own."""
     eps = "nonprivate" if target_epsilon is None else f"{float(target_epsilon):g}"
-    return f"{method}|{dataset}|{model}|eps={eps}"
+    key = f"{method}|{dataset}|{model}|eps={eps}"
+    if variant:
+        key += "|" + ",".join(f"{name}={variant[name]}" for name in sorted(variant))
+    return key
+
+
+def variant_settings(cfg: DictConfig) -> dict[str, Any]:
+    """Return the ``method.settings`` of ``cfg`` that differ from the method's defaults (its
+    settings dataclass): the settings that define a variant, empty for the default one."""
+    from dpbench.methods import METHODS
+
+    settings = cfg.method.get("settings")
+    settings = OmegaConf.to_container(settings, resolve=True) if settings else {}
+    defaults = OmegaConf.to_container(OmegaConf.structured(
+        METHODS.get(cfg.method.name).settings_cls))
+    return {name: value for name, value in settings.items()
+            if name not in defaults or defaults[name] != value}
 
 
 def cfg_cell_key(cfg: DictConfig) -> str:
     return cell_key(cfg.method.name, cfg.dataset.name, cfg.model.name,
-                    cfg.privacy.get("target_epsilon"))
+                    cfg.privacy.get("target_epsilon"), variant_settings(cfg))
 
 
 def read_choices(path: str | Path) -> dict[str, Any]:
