@@ -370,6 +370,8 @@ def _steps_cell(claim: dict[str, Any], mine: dict[int, dict], base: dict[int, di
                             [v - null_mean for v in observed], math.nan, label)
     cell.values = [v - null_mean for v in observed]
     prefix = f"{label}: " if label else ""
+    if not observed:
+        return cell
     cell.notes.append(
         f"{prefix}raw saving {np.mean(observed) if observed else math.nan:.3f}, "
         f"{censored}/{len(observed)} never reached; null of {len(null)} baseline pairs "
@@ -452,7 +454,7 @@ def evaluate_claim(claim: dict[str, Any], records: list[dict[str, Any]],
                 if gains else math.nan
             cells.append(_difference_cell(claim, list(gains.values()), base_mean, label))
         notes += cells[-1].notes
-    if not used:
+    if not any(c.values for c in cells):
         verdict = "not run"
     elif len(cells) == 1:
         verdict = cells[0].verdict
@@ -463,8 +465,8 @@ def evaluate_claim(claim: dict[str, Any], records: list[dict[str, Any]],
     if edge:
         notes.append("learning rate at the grid's edge: " + ", ".join(edge))
     gains = [v for c in cells for v in c.values] if kind != "threshold" else []
-    undecided = [c.seeds_needed for c in cells if c.verdict not in
-                 ("reproduced", "smaller than claimed")]
+    if missing_cells := [c.label or "all" for c in cells if not c.values]:
+        notes.append(f"no runs yet: {', '.join(missing_cells)}")
     return {**claim, "cells": [c.__dict__ for c in cells],
             "measured": _measured(cells, claim.get("digits", 3)) or "no runs",
             "verdict": verdict, "edge": bool(edge),
@@ -474,7 +476,7 @@ def evaluate_claim(claim: dict[str, Any], records: list[dict[str, Any]],
             "p_improvement": probability_of_improvement(gains) if gains else math.nan,
             "seeds_needed": (None if verdict in ("reproduced", "smaller than claimed",
                                                  "contradicted", "not run")
-                             else _max_needed(undecided)),
+                             else _max_needed([c.__dict__ for c in cells])),
             "notes": notes}
 
 
@@ -488,11 +490,14 @@ def _cell_text(record: dict[str, Any]) -> str:
     return f"eps={eps:g}" if isinstance(eps, (int, float)) else "(no target)"
 
 
-def _max_needed(needed: Sequence[int | None]) -> int | str:
-    """Return the most seeds any undecided cell needs (">1000" when one is out of reach)."""
+def _max_needed(cells: Sequence[dict[str, Any]]) -> int | str:
+    """Return the most seeds any undecided cell with at least two pairs needs (">1000" when
+    one is out of reach, "—" when no cell can say)."""
+    needed = [c["seeds_needed"] for c in cells if len(c["values"]) >= 2
+              and c["verdict"] not in ("reproduced", "smaller than claimed")]
     if any(n is None for n in needed):
         return ">1000"
-    return max(needed, default=">1000")
+    return max(needed, default="—")
 
 
 def _measured(cells: Sequence[CellResult], digits: int) -> str:
@@ -529,7 +534,7 @@ def adjust(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                    f"(Holm p {value:.3f} > {ALPHA})"]
                 out[i]["verdict"] = "underpowered"
                 out[i]["seeds_needed"] = _max_needed(
-                    [c["seeds_needed"] for c in out[i]["cells"]])
+                    [{**c, "verdict": "underpowered"} for c in out[i]["cells"]])
     return out
 
 

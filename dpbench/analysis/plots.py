@@ -116,7 +116,7 @@ def forest_points(rows: list[dict]) -> list[dict]:
                 "paper_effect": (cell["paper"] / target if row["kind"] in (
                     "superiority", "interaction") and cell["paper"] > target else None),
                 "text": f"{cell['estimate']:.3g} [{cell['low']:.3g}, {cell['high']:.3g}]"
-                        f" / {target:.3g}: {row['verdict']}"})
+                        f", target {target:.3g}: {row['verdict']}"})
     return points
 
 
@@ -124,9 +124,9 @@ def forest(points: list[dict], path: Path, title: str) -> None:
     """Write a forest plot of ``points`` (``forest_points``) to ``path`` (.png) and .pdf."""
     plt = _pyplot()
     n = len(points)
-    fig, ax = plt.subplots(figsize=(12, 1.6 + 0.42 * max(n, 1)))
-    fig.subplots_adjust(left=0.3, right=0.66, top=1 - 0.7 / (1.6 + 0.42 * n),
-                        bottom=0.9 / (1.6 + 0.42 * n))
+    height = 1.5 + 0.4 * max(n, 1)  # inches: 0.5 above the axes, 1.0 below, 0.4 a row
+    fig, ax = plt.subplots(figsize=(11, height))
+    fig.subplots_adjust(left=0.24, right=0.66, top=1 - 0.5 / height, bottom=1.0 / height)
     ax.axvline(0, color="black", lw=1)
     ax.axvline(1, color="tab:blue", lw=1, ls="--")
     for y, p in enumerate(reversed(points)):
@@ -156,8 +156,8 @@ def forest(points: list[dict], path: Path, title: str) -> None:
     handles = [plt.Line2D([], [], color=c, lw=2.5, label=v) for v, c in
                VERDICT_COLOURS.items() if any(p["verdict"] == v for p in points)]
     if handles:
-        ax.legend(handles=handles, fontsize=7, loc="lower left", bbox_to_anchor=(0, 1.0),
-                  ncol=len(handles), frameon=False, borderaxespad=0.2)
+        fig.legend(handles=handles, fontsize=8, loc="lower center", ncol=len(handles),
+                   frameon=False, bbox_to_anchor=(0.45, 0.0))
     ax.grid(axis="x", alpha=0.3)
     fig.savefig(path.with_suffix(".png"), dpi=110)
     fig.savefig(path.with_suffix(".pdf"))

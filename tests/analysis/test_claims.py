@@ -329,3 +329,23 @@ def test_claim_seeds_raise_only_that_claims_sweeps(tmp_path):
     assert seeds["grid"] == seeds["ablation_standard"] == "0,1,2,3,4"
     with pytest.raises(SystemExit):
         parse_args(["fiber", "--claim-seeds", "fiber_vs_disk=1"])
+
+
+def test_forest_plots_are_written_and_linked(tmp_path):
+    from dpbench.analysis.plots import forest_plots
+
+    claim = {"id": "a_vs_b", "claim": "a beats b", "metric": "accuracy", "method": "a",
+             "baseline": "b", "paper_effect": 0.04, "where": {"target_epsilon": [1.0, 8.0]}}
+    equivalent = {"id": "a_same_b", "claim": "a ties b", "kind": "equivalence",
+                  "metric": "accuracy", "method": "a", "baseline": "b",
+                  "where": {"target_epsilon": 1.0}}
+    runs = [r for eps in (1.0, 8.0) for s in range(4) for r in (
+        _record("a", s, {"accuracy": 0.82 + 0.003 * s}, target_epsilon=eps),
+        _record("b", s, {"accuracy": 0.8}, target_epsilon=eps))]
+    rows = adjust([{**evaluate_claim(c, runs), "paper": "P", "paper_key": "p"}
+                   for c in (claim, equivalent)])
+    figures = forest_plots(rows, tmp_path)
+    assert [f.name for f in figures] == ["forest_p.png", "forest_all.png"]
+    for figure in figures:
+        assert figure.stat().st_size > 5000 and figure.with_suffix(".pdf").stat().st_size > 1000
+    assert "[forest_p](forest_p.png)" in claims_markdown(rows, [f.name for f in figures])
