@@ -318,8 +318,7 @@ def _difference_cell(claim: dict[str, Any], gains: Sequence[float], baseline_mea
         return cell
     paper = claim.get("paper_effect")
     if paper is not None:
-        cell.paper = float(paper) if not claim.get("paper_effect_relative") else float(
-            paper) * abs(baseline_mean)
+        cell.paper = float(paper)
         cell.target = float(claim.get("fraction", FRACTION)) * cell.paper
     else:
         cell.target = _scaled(claim, "effect", baseline_mean)
