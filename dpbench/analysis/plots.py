@@ -87,3 +87,96 @@ def pareto(frame: pd.DataFrame, x: str, y: str, path: Path, title: str = "") -> 
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+#: a verdict's colour in the forest plots
+VERDICT_COLOURS = {"reproduced": "tab:green", "smaller than claimed": "tab:olive",
+                   "contradicted": "tab:red", "underpowered": "tab:gray",
+                   "not run": "lightgray"}
+_LIMIT = 6.0  # forest plots clip the scaled axis here (an arrow marks a clipped end)
+
+
+def forest_points(rows: list[dict]) -> list[dict]:
+    """Return one point per cell of each tested claim (thresholds are in the table only),
+    on a scale where 0 is no effect and 1 the claim's target (or margin)."""
+    points = []
+    for row in rows:
+        if row.get("kind") == "threshold":
+            continue
+        for cell in row.get("cells", []):
+            target = cell.get("target", float("nan"))
+            if not (target > 0) or not cell.get("values") or len(cell["values"]) < 2:
+                continue
+            label = row.get("id") or row["claim"][:40]
+            points.append({
+                "label": f"{label} ({cell['label']})" if cell.get("label") else label,
+                "paper": row.get("paper", ""), "kind": row["kind"],
+                "verdict": row["verdict"], "estimate": cell["estimate"] / target,
+                "low": cell["low"] / target, "high": cell["high"] / target,
+                "paper_effect": (cell["paper"] / target if row["kind"] in (
+                    "superiority", "interaction") and cell["paper"] > target else None),
+                "text": f"{cell['estimate']:.3g} [{cell['low']:.3g}, {cell['high']:.3g}]"
+                        f", target {target:.3g}: {row['verdict']}"})
+    return points
+
+
+def forest(points: list[dict], path: Path, title: str) -> None:
+    """Write a forest plot of ``points`` (``forest_points``) to ``path`` (.png) and .pdf."""
+    plt = _pyplot()
+    n = len(points)
+    height = 1.5 + 0.4 * max(n, 1)  # inches: 0.5 above the axes, 1.0 below, 0.4 a row
+    fig, ax = plt.subplots(figsize=(11, height))
+    fig.subplots_adjust(left=0.24, right=0.66, top=1 - 0.5 / height, bottom=1.0 / height)
+    ax.axvline(0, color="black", lw=1)
+    ax.axvline(1, color="tab:blue", lw=1, ls="--")
+    for y, p in enumerate(reversed(points)):
+        colour = VERDICT_COLOURS.get(p["verdict"], "black")
+        low, high = max(p["low"], -_LIMIT), min(p["high"], _LIMIT)
+        ax.plot([low, high], [y, y], color=colour, lw=2.5, solid_capstyle="butt")
+        ax.plot([min(max(p["estimate"], -_LIMIT), _LIMIT)], [y], "o", color=colour, ms=6)
+        for end, clipped, marker in ((low, p["low"] < -_LIMIT, "<"),
+                                     (high, p["high"] > _LIMIT, ">")):
+            if clipped:
+                ax.plot([end], [y], marker, color=colour, ms=7)
+        if p["kind"] == "equivalence":
+            ax.fill_between([-1, 1], y - 0.35, y + 0.35, color="tab:blue", alpha=0.12, lw=0)
+        if p["kind"] in ("equivalence", "non_inferiority"):
+            ax.plot([-1], [y], "|", color="tab:blue", ms=14, mew=2)
+        if p["paper_effect"] is not None:
+            ax.plot([min(p["paper_effect"], _LIMIT)], [y], "D", color="black", ms=6,
+                    mfc="none")
+        ax.annotate(p["text"], xy=(1.02, y), xycoords=("axes fraction", "data"),
+                    va="center", fontsize=8)
+    ax.set_yticks(range(n), [p["label"] for p in reversed(points)], fontsize=8)
+    ax.set_ylim(-0.7, n - 0.3)
+    ax.set_xlim(-_LIMIT - 0.3, _LIMIT + 0.3)
+    ax.set_xlabel("gain / target  (0: no effect; dashed 1: the target, or the margin; "
+                  "diamond: the paper's number)", fontsize=8)
+    ax.set_title(title, fontsize=10)
+    handles = [plt.Line2D([], [], color=c, lw=2.5, label=v) for v, c in
+               VERDICT_COLOURS.items() if any(p["verdict"] == v for p in points)]
+    if handles:
+        fig.legend(handles=handles, fontsize=8, loc="lower center", ncol=len(handles),
+                   frameon=False, bbox_to_anchor=(0.45, 0.0))
+    ax.grid(axis="x", alpha=0.3)
+    fig.savefig(path.with_suffix(".png"), dpi=110)
+    fig.savefig(path.with_suffix(".pdf"))
+    plt.close(fig)
+
+
+def forest_plots(rows: list[dict], out: Path) -> list[Path]:
+    """Write ``forest_<paper>.png/.pdf`` per paper and ``forest_all.png/.pdf`` into ``out``;
+    return the PNG paths (papers without a tested cell are skipped)."""
+    written = []
+    points = forest_points(rows)
+    for key in dict.fromkeys(r.get("paper_key", r.get("paper", "")) for r in rows):
+        mine = forest_points([r for r in rows if r.get("paper_key", r.get("paper", "")) == key])
+        if mine:
+            path = out / f"forest_{key}.png"
+            forest(mine, path, f"{mine[0]['paper']}: gain [95 % CI; 90 % for equivalence]")
+            written.append(path)
+    if points:
+        path = out / "forest_all.png"
+        forest(points, path, "All claims: gain [95 % CI; 90 % for equivalence] / target")
+        written.append(path)
+    return written

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from dpbench.analysis.claims import claims_markdown, evaluate_claim, load_completed
+from dpbench.analysis.claims import adjust, claims_markdown, evaluate_claim, load_completed
 from dpbench.analysis.results import load_frame
 from dpbench.analysis.tables import cell_table, markdown_table
 from dpbench.tune.choices import CHOICES_NAME
@@ -36,6 +36,7 @@ log = logging.getLogger("dpbench.reproduce")
 SPEC_DIR = Path(__file__).resolve().parents[2] / "conf" / "reproduce"
 PAPERS = ("bounded_adaclip", "fiber", "dp_ivon", "spectral", "dp_adaln")
 _QUIET = ["logger=none", "trainer.progress=false"]
+WALL_TIME_NAME = "wall_time.json"
 
 
 def load_spec(paper: str) -> dict[str, Any]:
@@ -49,11 +50,13 @@ def load_spec(paper: str) -> dict[str, Any]:
 def sweep_commands(spec: dict[str, Any], args: argparse.Namespace, out: Path) -> list[dict]:
     """Return one job per sweep: its folder and either a dpbench -m command or a tune call."""
     scale = spec["scales"][args.scale]
-    seeds = args.seeds or spec.get("seeds", {}).get(args.scale, "0,1,2")
+    base_seeds = args.seeds or spec.get("seeds", {}).get(args.scale, "0,1,2")
+    raised = claim_sweep_seeds(spec, getattr(args, "claim_seeds", {}) or {})
     data = [f"paths.data_root={args.data_root}"] if args.data_root else []
     jobs = []
     for sweep in spec["sweeps"]:
         folder = out / sweep["name"]
+        seeds = more_seeds(base_seeds, raised.get(sweep["name"], 0))
         overrides = [o.format(**scale) for o in sweep["overrides"]] + data + _QUIET
         if sweep.get("tuned"):  # reuse the learning rates another sweep of this paper chose
             overrides.append(f"tuned={out / sweep['tuned'] / CHOICES_NAME}")
@@ -72,6 +75,40 @@ def sweep_commands(spec: dict[str, Any], args: argparse.Namespace, out: Path) ->
                 cmd += ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={args.jobs}"]
             jobs.append({"folder": folder, "cmd": cmd})
     return jobs
+
+
+def claim_sweep_seeds(spec: dict[str, Any], wanted: dict[str, int]) -> dict[str, int]:
+    """Return the seeds each sweep needs for the claims of ``wanted`` (claim id -> seeds): a
+    claim's sweeps are its ``sweep`` entries, or every sweep of the paper without one."""
+    out: dict[str, int] = {}
+    for claim in spec.get("claims", []):
+        if claim.get("id") not in wanted:
+            continue
+        names = claim.get("sweep") or [s["name"] for s in spec["sweeps"]]
+        for name in [names] if isinstance(names, str) else names:
+            out[name] = max(out.get(name, 0), int(wanted[claim["id"]]))
+    return out
+
+
+def more_seeds(seeds: str, n: int) -> str:
+    """Return the comma-separated ``seeds`` extended to ``n`` seeds by the next integers
+    after the largest (the spec's seeds first, so finished runs are reused)."""
+    have = [int(v) for v in str(seeds).split(",") if v != ""]
+    nxt = max(have, default=-1) + 1
+    while len(have) < n:
+        have.append(nxt)
+        nxt += 1
+    return ",".join(map(str, have))
+
+
+def _claim_seeds(text: str) -> dict[str, int]:
+    out = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        if not sep or not value.isdigit() or int(value) < 2:
+            raise argparse.ArgumentTypeError(f"expected CLAIM_ID=N (N >= 2), got {item!r}")
+        out[name.strip()] = int(value)
+    return out
 
 
 def run_jobs(jobs: list[dict], dry_run: bool) -> None:
@@ -124,8 +161,30 @@ def paper_claims(paper: str, spec: dict[str, Any], out: Path) -> list[dict[str, 
     rows = []
     for claim in spec.get("claims", []):
         rows.append({**evaluate_claim(claim, records), "paper": spec["short"],
+                     "paper_key": paper,
                      "command": f"make reproduce-{paper.replace('_', '-')}"})
     return rows
+
+
+def seeds_hint(rows: list[dict[str, Any]]) -> str:
+    """Return the commands that would give each underpowered claim the seeds it needs."""
+    lines = [f"dpbench-reproduce {r['paper_key']} --claim-seeds {r['id']}={r['seeds_needed']}"
+             for r in rows if r["verdict"] == "underpowered" and r.get("id")
+             and isinstance(r.get("seeds_needed"), int)]
+    if not lines:
+        return ""
+    return ("\n## Seeds that would decide the underpowered claims (80 % power)\n\n```\n"
+            + "\n".join(lines) + "\n```\n")
+
+
+def recorded_wall_times(root: Path) -> dict[str, dict[str, Any]]:
+    """Return each paper's last recorded wall time (``wall_time.json`` beside its runs)."""
+    out = {}
+    for paper in PAPERS:
+        path = root / paper / WALL_TIME_NAME
+        if path.exists():
+            out[paper] = json.loads(path.read_text())
+    return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -134,6 +193,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--scale", choices=("cpu", "paper"), default="cpu")
     p.add_argument("--out", type=Path, default=Path("outputs"))
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the spec's)")
+    p.add_argument("--claim-seeds", type=_claim_seeds, default={}, metavar="ID=N[,ID=N]",
+                   help="raise the sweeps of these claims to N seeds each (the table's "
+                        "'seeds needed'); finished runs are reused")
     p.add_argument("--jobs", type=int, default=None,
                    help="runs (or tuned cells) at a time, each with cores // jobs threads "
                         "(default: the cores, at most 8, at cpu scale; 1 at paper scale)")
@@ -159,14 +221,15 @@ def default_jobs(scale: str) -> int:
     return min(available_cores(), 8) if scale == "cpu" else 1
 
 
-def wall_time_markdown(timings: dict[str, float], jobs: int) -> str:
-    """Return the wall time of the papers this invocation ran (empty if it only rebuilt)."""
+def wall_time_markdown(timings: dict[str, dict[str, Any]]) -> str:
+    """Return each paper's last recorded wall time (empty if none was recorded)."""
     if not timings:
         return ""
-    rows = "".join(f"| {paper} | {seconds / 60:.1f} |\n" for paper, seconds in timings.items())
-    total = sum(timings.values()) / 60
-    return (f"\n## Wall time of this invocation ({jobs} jobs at a time)\n\n"
-            f"| paper | minutes |\n|---|---|\n{rows}| all | {total:.1f} |\n")
+    rows = "".join(f"| {paper} | {t['seconds'] / 60:.1f} | {t.get('jobs', '?')} | "
+                   f"{t.get('finished', '?')} |\n" for paper, t in timings.items())
+    total = sum(t["seconds"] for t in timings.values()) / 60
+    return ("\n## Wall time of each paper's last run\n\n| paper | minutes | jobs at a time "
+            f"| finished |\n|---|---|---|---|\n{rows}| all | {total:.1f} | | |\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,15 +244,24 @@ def main(argv: list[str] | None = None) -> int:
             run_jobs(sweep_commands(spec, args, out), args.dry_run)
             if not args.dry_run:
                 timings[paper] = time.perf_counter() - start
+                # kept beside the runs, so a later --claims-only rebuild still shows it
+                (out / WALL_TIME_NAME).write_text(json.dumps(
+                    {"seconds": timings[paper], "jobs": args.jobs,
+                     "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}))
         if out.exists():
             (out / "tables.md").write_text(paper_tables(spec, out))
             paper_plots(spec, out)
-    rows = [row for paper in PAPERS for row in paper_claims(
-        paper, load_spec(paper), args.out / "reproduce" / args.scale / paper)]
+    root = args.out / "reproduce" / args.scale
+    rows = adjust([row for paper in PAPERS for row in paper_claims(
+        paper, load_spec(paper), root / paper)])
     claims_dir = args.out / "claims"
     claims_dir.mkdir(parents=True, exist_ok=True)
+    from dpbench.analysis.plots import forest_plots
+
+    figures = forest_plots(rows, claims_dir)
     text = (f"# Claims of the five papers, dpbench at {args.scale} scale\n\n"
-            + claims_markdown(rows) + wall_time_markdown(timings, args.jobs))
+            + claims_markdown(rows, [f.name for f in figures]) + seeds_hint(rows)
+            + wall_time_markdown(recorded_wall_times(root)))
     (claims_dir / "claims.md").write_text(text)
     (claims_dir / "claims.json").write_text(json.dumps(rows, indent=1, default=str))
     print(text)

@@ -54,6 +54,22 @@ def compare_to_baseline(baseline: dict[str, Any], method: dict[str, Any],
     return out
 
 
+def saving(baseline: dict[str, Any], method: dict[str, Any],
+           metric: str = "accuracy") -> tuple[float, bool] | None:
+    """Return (share of steps saved, reached) of ``method`` against ``baseline``'s final
+    ``metric``; None when a run has no evaluations over steps.
+
+    A method that never reaches the target within the run is censored: its steps-to-target
+    lies beyond the baseline's, so its saving is below 0 by an unknown amount, and 0 (its
+    upper bound) is returned with ``reached`` False.
+    """
+    try:
+        row = compare_to_baseline(baseline, method, metric)
+    except ValueError:
+        return None
+    return (row["speedup_pct"] / 100.0 if row["reached"] else 0.0), bool(row["reached"])
+
+
 def load_records(root: str | Path) -> list[dict[str, Any]]:
     """Return every finished results.json under ``root``."""
     records = []

@@ -1,7 +1,7 @@
 """Stored tuning choices (``choices.json``) and how a later run applies them (``tuned=FILE``).
 
-A choice is keyed by its cell (method, data set, model, target epsilon and a hash of every
-other setting that changes a run, ``cfg_cell_key``) and holds the overrides the search chose,
+A choice is keyed by its cell (method, data set, model, target epsilon, the method settings
+that define a variant, and a hash of every other setting that changes a run, ``cfg_cell_key``) and holds the overrides the search chose,
 the search's mode and, in ``accounted`` mode, every trial with its own privacy ledger and the
 selection epsilon, so that every run using the choice can report the total epsilon of search +
 run (docs/tuning-and-claims.md, "Tuning").
@@ -62,10 +62,29 @@ _NOT_IN_KEY_TRAINER = ("resume", "progress", "eval_batch_size", "num_threads", "
 _NOT_IN_KEY_DATASET = ("root",)  # where a standard data set lives on this machine
 
 
-def cell_key(method: str, dataset: str, model: str, target_epsilon: Any) -> str:
-    """Return the readable part of a cell's key: (method, data set, model, epsilon)."""
+def cell_key(method: str, dataset: str, model: str, target_epsilon: Any,
+             variant: dict[str, Any] | None = None) -> str:
+    """Return the readable part of a cell's key: (method, data set, model, epsilon) and the
+    ``variant`` (method settings that differ from the method's defaults, e.g. an ablation's
+    ``correction``), so each variant of a method is tuned on its own and says so."""
     eps = "nonprivate" if target_epsilon is None else f"{float(target_epsilon):g}"
-    return f"{method}|{dataset}|{model}|eps={eps}"
+    key = f"{method}|{dataset}|{model}|eps={eps}"
+    if variant:
+        key += "|" + ",".join(f"{name}={variant[name]}" for name in sorted(variant))
+    return key
+
+
+def variant_settings(cfg: DictConfig) -> dict[str, Any]:
+    """Return the ``method.settings`` of ``cfg`` that differ from the method's defaults (its
+    settings dataclass): the settings that define a variant, empty for the default one."""
+    from dpbench.methods import METHODS
+
+    settings = cfg.method.get("settings")
+    settings = OmegaConf.to_container(settings, resolve=True) if settings else {}
+    defaults = OmegaConf.to_container(OmegaConf.structured(
+        METHODS.get(cfg.method.name).settings_cls))
+    return {name: value for name, value in settings.items()
+            if name not in defaults or defaults[name] != value}
 
 
 def run_settings(cfg: DictConfig) -> dict[str, Any]:
@@ -98,7 +117,7 @@ def cfg_cell_key(cfg: DictConfig) -> str:
     settings = json.dumps(run_settings(cfg), sort_keys=True, default=str)
     digest = hashlib.sha256(settings.encode()).hexdigest()[:12]
     base = cell_key(cfg.method.name, cfg.dataset.name, cfg.model.name,
-                    cfg.privacy.get("target_epsilon"))
+                    cfg.privacy.get("target_epsilon"), variant_settings(cfg))
     return f"{base}|run={digest}"
 
 

@@ -54,3 +54,80 @@ def test_error_metrics_count_lower_as_better(metric):
 
     assert not higher_is_better(metric)
     assert higher_is_better("accuracy") and higher_is_better("worst_class_accuracy")
+
+
+# --- the tests behind the claims' verdicts ---------------------------------------------------
+
+GAINS = [0.012, -0.004, 0.021, 0.008, 0.015]
+
+
+@pytest.mark.parametrize("alternative", ["greater", "less"])
+def test_one_sided_p_equals_scipy(alternative):
+    from dpbench.analysis.stats import one_sided_p
+
+    want = stats.ttest_1samp(GAINS, 0.01, alternative=alternative).pvalue
+    assert one_sided_p(GAINS, 0.01, alternative) == pytest.approx(want, rel=1e-12)
+    assert one_sided_p([0.25, 0.25, 0.25], 0.125, "greater") == 0.0  # no spread
+    assert math.isnan(one_sided_p([0.2], 0.1, "greater"))
+
+
+def test_tost_is_below_alpha_exactly_when_the_90_interval_is_inside_the_margin():
+    from dpbench.analysis.stats import tost
+
+    ninety = t_interval(GAINS, level=0.90)
+    for margin in (0.01, 0.02, 0.025, 0.03):
+        inside = -margin < ninety.low and ninety.high < margin
+        assert (tost(GAINS, -margin, margin) <= 0.05) == inside
+    # at the interval's own edge the p-value is 0.05 itself
+    edge = max(-ninety.low, ninety.high)
+    assert tost(GAINS, -edge, edge) == pytest.approx(0.05, rel=1e-9)
+
+
+def test_holm_and_benjamini_hochberg_on_fixed_numbers():
+    from dpbench.analysis.stats import benjamini_hochberg, holm
+
+    p = [0.01, 0.04, 0.03, 0.005]
+    assert holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])  # 3x, max(2x, ...), 1x, 4x
+    assert benjamini_hochberg(p) == pytest.approx([0.02, 0.04, 0.04, 0.02])
+    nan = holm([0.02, math.nan, 0.01])
+    assert nan[0] == pytest.approx(0.02) and math.isnan(nan[1]) and nan[2] == 0.02
+
+
+def test_seeds_for_power_matches_the_noncentral_t_and_is_the_smallest():
+    from dpbench.analysis.stats import seeds_for_power
+
+    # effect = one standard deviation, one-sided 2.5 %: 10 pairs (power 0.80; 9 give 0.76)
+    assert seeds_for_power(1.0, 1.0) == 10
+
+    def power(n):
+        crit = stats.t.ppf(0.975, n - 1)
+        return stats.nct.sf(crit, n - 1, math.sqrt(n))
+
+    assert power(10) >= 0.8 > power(9)
+    assert seeds_for_power(0.05, 0.001) is None  # beyond 1000
+    assert seeds_for_power(0.02, 0.01) > seeds_for_power(0.02, 0.02)
+
+
+def test_seeds_for_tost_gives_the_power_it_promises_in_simulation():
+    from dpbench.analysis.stats import seeds_for_tost, tost
+
+    n = seeds_for_tost(1.0, 1.0)
+    rng = np.random.default_rng(np.random.SeedSequence(7))
+
+    def power(k, draws=4000):  # TOST at 5 %: the 90 % interval inside (-1, 1)
+        x = rng.normal(0, 1, (draws, k))
+        half = stats.t.ppf(0.95, k - 1) * x.std(axis=1, ddof=1) / math.sqrt(k)
+        return np.mean(np.abs(x.mean(axis=1)) + half < 1)
+
+    assert power(n) >= 0.78  # 0.8 promised; 4000 draws: standard error about 0.006
+    assert power(n - 1) < 0.8
+    sample = rng.normal(0, 1, n)
+    ninety = t_interval(sample, level=0.90)
+    assert (tost(sample, -1, 1) <= 0.05) == (-1 < ninety.low and ninety.high < 1)
+
+
+def test_probability_of_improvement_counts_ties_as_half():
+    from dpbench.analysis.stats import probability_of_improvement
+
+    assert probability_of_improvement([1.0, -1.0, 0.0, 2.0]) == 0.625
+    assert math.isnan(probability_of_improvement([]))
