@@ -1,10 +1,10 @@
 """Stored tuning choices (``choices.json``) and how a later run applies them (``tuned=FILE``).
 
 A choice is keyed by its cell (method, data set, model, target epsilon, the method settings
-that define a variant, and a hash of every other setting that changes a run, ``cfg_cell_key``) and holds the overrides the search chose,
-the search's mode and, in ``accounted`` mode, every trial with its own privacy ledger and the
-selection epsilon, so that every run using the choice can report the total epsilon of search +
-run (docs/tuning-and-claims.md, "Tuning").
+that define a variant, and a hash of every other setting that changes a run, ``cfg_cell_key``)
+and holds the overrides the search chose, the search's mode and, in ``accounted`` mode, every
+trial with its own privacy ledger and the selection epsilon, so that every run using the
+choice can report the total epsilon of search + run (docs/tuning-and-claims.md, "Tuning").
 
 A choices file is data from whoever wrote the folder, never code or privacy settings
 (docs/reliability-bad-input.md, "Files from others"): it is read bounded (``read_json``), must
