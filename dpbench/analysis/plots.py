@@ -98,7 +98,8 @@ _LIMIT = 6.0  # forest plots clip the scaled axis here (an arrow marks a clipped
 
 def forest_points(rows: list[dict]) -> list[dict]:
     """Return one point per cell of each tested claim (thresholds are in the table only),
-    on a scale where 0 is no effect and 1 the claim's target (or margin)."""
+    on a scale where 0 is no effect and 1 the claim's target (or margin), coloured by the
+    cell's verdict (an "at every" claim's verdict is in its text)."""
     points = []
     for row in rows:
         if row.get("kind") == "threshold":
@@ -111,13 +112,18 @@ def forest_points(rows: list[dict]) -> list[dict]:
             points.append({
                 "label": f"{label} ({cell['label']})" if cell.get("label") else label,
                 "paper": row.get("paper", ""), "kind": row["kind"],
-                "verdict": row["verdict"], "estimate": cell["estimate"] / target,
+                "verdict": cell["verdict"], "estimate": cell["estimate"] / target,
                 "low": cell["low"] / target, "high": cell["high"] / target,
                 "paper_effect": (cell["paper"] / target if row["kind"] in (
                     "superiority", "interaction") and cell["paper"] > target else None),
-                "text": f"{cell['estimate']:.3g} [{cell['low']:.3g}, {cell['high']:.3g}]"
-                        f", target {target:.3g}: {row['verdict']}"})
+                "text": f"{cell['estimate']:.3f} [{cell['low']:.3f}, {cell['high']:.3f}], target "
+                        f"{target:.3f}: {_verdicts(cell['verdict'], row['verdict'])}"})
     return points
+
+
+def _verdicts(cell: str, claim: str) -> str:
+    """Return the cell's verdict, and the claim's when a cell is one of several and differs."""
+    return cell if cell == claim else f"{cell} (claim: {claim})"
 
 
 def forest(points: list[dict], path: Path, title: str) -> None:
@@ -125,8 +131,8 @@ def forest(points: list[dict], path: Path, title: str) -> None:
     plt = _pyplot()
     n = len(points)
     height = 1.5 + 0.4 * max(n, 1)  # inches: 0.5 above the axes, 1.0 below, 0.4 a row
-    fig, ax = plt.subplots(figsize=(11, height))
-    fig.subplots_adjust(left=0.24, right=0.66, top=1 - 0.5 / height, bottom=1.0 / height)
+    fig, ax = plt.subplots(figsize=(12, height))
+    fig.subplots_adjust(left=0.22, right=0.62, top=1 - 0.5 / height, bottom=1.0 / height)
     ax.axvline(0, color="black", lw=1)
     ax.axvline(1, color="tab:blue", lw=1, ls="--")
     for y, p in enumerate(reversed(points)):
