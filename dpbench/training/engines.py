@@ -10,18 +10,23 @@ gradient diagnostics and the audit's canaries need. See docs/engine.md.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
 from dpbench.errors import ConfigError
 from dpbench.training.bk_engine import BookKeepingGradients, bk_unsupported
+from dpbench.training.engine_check import EngineCheck
 from dpbench.training.per_example import PerExampleGradients
 
 log = logging.getLogger(__name__)
 
 #: modes whose engine returns clipped sums without materialising per-example gradients
 CLIPPED_SUM_MODES = ("ghost", "bk")
+#: what ``auto`` tries after its first choice, in order, when the per-run check rejects it
+AUTO_FALLBACKS = ("hooks", "functorch")
+Engine = PerExampleGradients | BookKeepingGradients
 
 
 def needs_materialised(method: Any, task: Any, materialise: bool = False) -> str | None:
@@ -66,3 +71,52 @@ def build_engine(model: nn.Module, mode: str) -> PerExampleGradients | BookKeepi
     if mode == "bk":
         return BookKeepingGradients(model)
     return PerExampleGradients(model, mode)
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def build_verified_engine(requested: str, model: nn.Module, method: Any, task: Any,
+                          verify: Callable[[Engine], EngineCheck],
+                          materialise: bool = False) -> tuple[Engine, EngineCheck, list[dict]]:
+    """Return (engine, its passed check, the engines rejected before it, with why).
+
+    ``verify`` runs the per-run check (``engine_check.verify_engine``) on a built engine. An
+    explicitly requested mode is built and checked; a failure refuses the run. ``auto`` tries
+    its first choice (bk where its rules apply), then ``hooks``, then ``functorch``, and takes
+    the first that builds and passes; a refusal at build time, at the first call (a layer
+    called twice, an in-place op after a layer, a time-first layer) or a crash all move on to
+    the next. None passing refuses the run. All of this happens before any release.
+    """
+    first = choose_grad_sample_mode(requested, model, method, task, materialise)
+    rejected: list[dict] = []
+    if requested == "auto":
+        if first != "bk" and needs_materialised(method, task, materialise) is None:
+            rejected.append({"engine": "bk", "reason": bk_unsupported(model)})
+        order = [first, *(m for m in AUTO_FALLBACKS if m != first)]
+    else:
+        order = [first]
+    for mode in order:
+        try:
+            engine = build_engine(model, mode)
+        except Exception as err:  # noqa: BLE001 - Opacus refuses with its own error types
+            if requested != "auto" and isinstance(err, ConfigError):
+                raise
+            rejected.append({"engine": mode, "reason": _one_line(err)})
+            continue
+        check = verify(engine)
+        if check.passed:
+            for r in rejected:
+                log.info("grad_sample_mode=%s: %s rejected (%s)", requested, r["engine"],
+                         r["reason"])
+            return engine, check, rejected
+        engine.close()
+        rejected.append({"engine": mode, "reason": check.line()})
+    if requested != "auto":
+        raise ConfigError(f"trainer.grad_sample_mode={requested} is not exact for this model: "
+                          f"{rejected[-1]['reason']}; refusing to train (try "
+                          "trainer.grad_sample_mode=auto)")
+    raise ConfigError("no per-example engine is exact for this model, refusing to train: "
+                      + "; ".join(f"{r['engine']}: {r['reason']}" for r in rejected))

@@ -1,0 +1,291 @@
+"""The per-run check: the per-example engine against plain autograd, before any release.
+
+The reported epsilon assumes that every example's contribution to the pre-noise sum is
+``f_i g_i`` with ``||f_i g_i|| <= C`` and ``g_i`` example i's true gradient (Abadi et al.
+2016, Algorithm 1: clip each per-example gradient, then sum). An engine (book-keeping,
+Opacus hooks, functorch, ghost clipping) computes ``g_i`` or ``||g_i||`` from per-layer rules
+that hold for the layers it knows; this module does not trust them. Once per run (and again
+after a resume) it takes the first few training examples and compares, at a tolerance derived
+from the model's dtype:
+
+1. each example's gradient norm from the engine with ``||g_i||`` from plain autograd (one
+   forward of the few examples, then one ``autograd.grad`` per example's loss);
+2. the engine's clipped sum ``sum_i min(1, c / ||g_i||) g_i`` with the same sum of the plain
+   autograd gradients, ``c`` half the smallest norm so that every example is clipped and
+   each one's direction counts with equal weight;
+3. the engine's unclipped sum with one ordinary batched backward of the summed loss (a
+   weight used outside its layer, or examples folded into another axis, change it).
+
+Which examples: the first rows of the training set, so no sampling or noise stream is drawn.
+The global RNG and the task's stream are saved and restored around the check, and every
+forward of the check starts from the same state, so dropout masks and per-example draws in the
+loss (diffusion timesteps) are the same for the reference and the engine; the run's own draws
+are untouched and its results are what they were without the check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import default_collate
+
+from dpbench.errors import ConfigError
+from dpbench.training.checkpoint import rng_state, set_rng_state
+from dpbench.training.per_example import flat_norms
+from dpbench.utils.tensors import move_to
+
+#: examples whose gradients are checked one at a time
+CHECK_EXAMPLES = 4
+#: training rows scanned for examples with a finite loss and gradient
+SCAN_ROWS = 64
+#: the relative tolerance is SAFETY * eps(dtype) (2.4e-4 in float32), at most MAX_TOLERANCE
+SAFETY = 2048.0
+MAX_TOLERANCE = 0.25
+#: a parameter whose reference sum is below this fraction of the whole sum's norm is compared
+#: against that floor (an exactly zero reference, e.g. LoRA's A under B = 0, has no scale)
+FLOOR = 1e-3
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+def check_tolerance(dtype: torch.dtype) -> float:
+    """Return the relative tolerance of the check for a model computing in ``dtype``."""
+    return min(SAFETY * torch.finfo(dtype).eps, MAX_TOLERANCE)
+
+
+@dataclass
+class EngineCheck:
+    """What one per-run check compared and found."""
+
+    engine: str
+    examples: int
+    tolerance: float
+    worst_error: float = 0.0
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    #: what the engine raised on the check's examples (a refusal or a crash), if it did
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def line(self) -> str:
+        """Return the one-line summary of a failed check."""
+        if self.error is not None:
+            return f"engine {self.engine} failed on the check's examples ({self.error})"
+        return (f"engine {self.engine} disagrees with plain autograd on "
+                f"{', '.join(self.failures[:6])}{' ...' if len(self.failures) > 6 else ''} "
+                f"(worst relative error {self.worst_error:.3g} > {self.tolerance:.3g})")
+
+
+class _Streams:
+    """Every forward of the check starts from one RNG state; the run's state is restored."""
+
+    def __init__(self, task: Any, generator: torch.Generator | None) -> None:
+        self.task, self.generator = task, generator
+
+    @contextlib.contextmanager
+    def fork(self) -> Iterator[_Streams]:
+        saved_rng, saved_task = rng_state(), getattr(self.task, "generator", None)
+        self._start = rng_state()
+        self._task_start = self.generator.get_state() if self.generator is not None else None
+        if self.generator is not None:
+            self.task.generator = self.generator
+        try:
+            yield self
+        finally:
+            set_rng_state(saved_rng)
+            if self.generator is not None:
+                self.task.generator = saved_task
+
+    def reset(self) -> None:
+        set_rng_state(self._start)
+        if self.generator is not None:
+            self.generator.set_state(self._task_start)
+
+
+@contextlib.contextmanager
+def _hooks_off(engine: Any) -> Iterator[None]:
+    """Turn an Opacus engine's hooks off for the plain-autograd reference."""
+    module = getattr(engine, "module", None)
+    if hasattr(module, "disable_hooks"):
+        module.disable_hooks()
+        try:
+            yield
+        finally:
+            module.enable_hooks()
+    else:  # book-keeping records only inside its own calls
+        yield
+
+
+def check_rows(dataset: Any, device: torch.device, start: int, count: int) -> Any:
+    """Return rows ``start .. start + count - 1`` of ``dataset`` as one batch (default collate,
+    as the loop's loader collates)."""
+    rows = [dataset[i] for i in range(start, min(start + count, len(dataset)))]
+    return move_to(default_collate(rows), device) if rows else None
+
+
+def _reference(model: nn.Module, params: Sequence[torch.Tensor], loss_fn: LossFn, batch,
+               streams: _Streams) -> tuple[torch.Tensor, list[list[torch.Tensor]],
+                                           list[torch.Tensor]]:
+    """Return (kept mask, per-example gradients, summed gradient) by plain autograd."""
+    streams.reset()
+    losses = loss_fn(model, batch)
+    n = losses.shape[0]
+    finite = torch.isfinite(losses.detach()).cpu()
+    grads, kept = [], torch.zeros(n, dtype=torch.bool)
+    zeros = [torch.zeros_like(p) for p in params]
+    for i in range(n):
+        if not bool(finite[i]) or not losses.requires_grad:
+            grads.append(zeros)
+            continue
+        g = torch.autograd.grad(losses[i], params, retain_graph=True, allow_unused=True)
+        g = [torch.zeros_like(p) if x is None else x.detach() for p, x in zip(params, g)]
+        if all(bool(torch.isfinite(x).all()) for x in g):
+            grads.append(g)
+            kept[i] = True
+        else:  # a non-finite gradient: every engine drops the example
+            grads.append(zeros)
+    if bool(kept.all()) and losses.requires_grad:  # one ordinary backward of the summed loss
+        full = torch.autograd.grad(losses.sum(), params, allow_unused=True)
+        total = [torch.zeros_like(p) if x is None else x.detach() for p, x in zip(params, full)]
+    else:  # 0 * inf would poison a batched backward: the sum of the kept examples
+        total = [sum((grads[i][j] for i in range(n) if kept[i]), torch.zeros_like(p))
+                 for j, p in enumerate(params)]
+    return kept, grads, total
+
+
+def _engine_sums(engine: Any, loss_fn: LossFn, batch, clip: float,
+                 streams: _Streams) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor],
+                                             list[torch.Tensor]]:
+    """Return (norms, kept, clipped sums, unclipped sums) as the engine computes them."""
+    def clip_factors(norms: torch.Tensor) -> torch.Tensor:
+        return (clip / norms.clamp_min(1e-30)).clamp(max=1.0)
+
+    if engine.mode in ("bk", "ghost"):
+        streams.reset()
+        clipped, norms, _, _, kept = engine.ghost_clipped_sum(loss_fn, batch, clip_factors)
+        streams.reset()
+        unclipped, _, _, _, _ = engine.ghost_clipped_sum(loss_fn, batch, torch.ones_like)
+        return norms, kept.cpu(), clipped, unclipped
+    streams.reset()
+    grads, losses = engine.per_example(loss_fn, batch)
+    norms = flat_norms(grads)
+    kept = (torch.isfinite(norms) & torch.isfinite(losses)).cpu()
+    mask = kept.to(norms.device)
+    norms = torch.where(mask, norms, torch.zeros_like(norms))
+    factors = torch.where(mask, clip_factors(norms), torch.zeros_like(norms))
+    clipped = [torch.einsum("i,i...->...", factors.to(g.dtype), torch.where(
+        mask.view(-1, *[1] * (g.dim() - 1)), g, torch.zeros_like(g))) for g in grads]
+    unclipped = [torch.einsum("i,i...->...", mask.to(g.dtype), torch.where(
+        mask.view(-1, *[1] * (g.dim() - 1)), g, torch.zeros_like(g))) for g in grads]
+    return norms, kept, clipped, unclipped
+
+
+def _relative(actual: torch.Tensor, reference: torch.Tensor, floor: float) -> float:
+    diff = float((actual.detach().double() - reference.double()).norm())
+    scale = max(float(reference.double().norm()), floor)
+    if scale == 0.0:
+        return 0.0 if diff == 0.0 else math.inf
+    return diff / scale
+
+
+def verify_engine(engine: Any, model: nn.Module, loss_fn: LossFn, dataset: Any,
+                  device: torch.device, *, task: Any = None,
+                  generator: torch.Generator | None = None,
+                  examples: int = CHECK_EXAMPLES) -> EngineCheck:
+    """Compare ``engine`` with plain autograd on the first examples of ``dataset``.
+
+    ``model`` is the plain model the engine wraps (its trainable parameters are
+    ``engine.params``); ``loss_fn(module, batch)`` the task's per-example loss. ``generator``
+    replaces ``task.generator`` during the check (a stream of its own). Raises whatever the
+    engine raises; returns the comparison (``passed`` False on a mismatch).
+    """
+    start_time = time.perf_counter()
+    params = list(engine.params)
+    names = list(engine.names)
+    dtype = params[0].dtype if params else torch.float32
+    check = EngineCheck(engine=engine.mode, examples=0, tolerance=check_tolerance(dtype))
+    streams = _Streams(task, generator)
+    was_training = model.training
+    model.train()
+    try:
+        with streams.fork():
+            for start in range(0, SCAN_ROWS, examples):
+                batch = check_rows(dataset, device, start, examples)
+                if batch is None:
+                    break
+                with _hooks_off(engine):
+                    kept_ref, grads, total = _reference(model, params, loss_fn, batch, streams)
+                if bool(kept_ref.any()):
+                    break
+            else:
+                batch = None
+            if batch is None or not bool(kept_ref.any()):
+                raise ConfigError(f"the per-run engine check found no example with a finite "
+                                  f"loss and gradient among the first {SCAN_ROWS} training "
+                                  "examples; check the model and data")
+            _compare(check, engine, loss_fn, batch, streams, names, kept_ref, grads, total)
+    finally:
+        model.train(was_training)
+        for p in params:
+            p.grad = None
+    check.seconds = time.perf_counter() - start_time
+    return check
+
+
+def _compare(check: EngineCheck, engine: Any, loss_fn: LossFn, batch, streams: _Streams,
+             names: list[str], kept_ref: torch.Tensor, grads: list[list[torch.Tensor]],
+             total: list[torch.Tensor]) -> None:
+    """Fill ``check`` with the engine's errors against the reference (see the module doc)."""
+    n = len(kept_ref)
+    check.examples = int(kept_ref.sum())
+    ref_norms = torch.stack([torch.linalg.vector_norm(torch.stack(
+        [torch.linalg.vector_norm(x.double()) for x in g])) for g in grads])
+    clip = 0.5 * float(ref_norms[kept_ref].min())
+    clip = clip if clip > 0 else 1.0
+    factors = torch.where(kept_ref, (clip / ref_norms.clamp_min(1e-300)).clamp(max=1.0),
+                          torch.zeros_like(ref_norms))
+    ref_clipped = [sum((float(factors[i]) * grads[i][j].double() for i in range(n)),
+                       torch.zeros_like(t, dtype=torch.float64)) for j, t in enumerate(total)]
+    try:
+        norms, kept, clipped, unclipped = _engine_sums(engine, loss_fn, batch, clip, streams)
+    except Exception as err:  # noqa: BLE001 - a refusal or crash of the engine, not the model
+        message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        check.error = f"{type(err).__name__}: {message}"
+        check.failures.append("the check's examples")
+        check.worst_error = math.inf
+        return
+    errors: dict[str, float] = {}
+    if norms.shape[:1] != (n,) or not torch.equal(kept, kept_ref):
+        check.failures.append(f"the examples kept ({norms.shape[0]} norms for {n} examples)")
+        check.worst_error = math.inf
+        return
+    scale = float(ref_norms[kept_ref].max())
+    for i in range(n):
+        if kept_ref[i]:
+            errors[f"the norm of example {i}"] = abs(float(norms[i]) - float(ref_norms[i])) / max(
+                float(ref_norms[i]), FLOOR * scale)
+    for label, got, ref in (("clipped sum", clipped, ref_clipped), ("sum", unclipped, total)):
+        whole = float(torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(r.double()) for r in ref]))) if ref else 0.0
+        for name, a, r in zip(names, got, ref):
+            err = _relative(a, r, FLOOR * whole)
+            key = f"{name} ({label})"
+            errors[key] = err
+    check.worst_error = max(errors.values(), default=0.0)
+    bad = [k for k, v in errors.items() if not v <= check.tolerance]
+    # name each parameter once, the clipped sum first
+    seen: list[str] = []
+    for k in bad:
+        base = k.split(" (")[0]
+        if base not in seen:
+            seen.append(base)
+    check.failures = seen
