@@ -90,12 +90,16 @@ class _Streams:
 
     def __init__(self, task: Any, generator: torch.Generator | None) -> None:
         self.task, self.generator = task, generator
+        self._start: dict[str, Any] | None = None
+        self._task_start: torch.Tensor | None = None
 
     @contextlib.contextmanager
     def fork(self) -> Iterator[_Streams]:
         saved_rng, saved_task = rng_state(), getattr(self.task, "generator", None)
-        self._start = rng_state()
-        self._task_start = self.generator.get_state() if self.generator is not None else None
+        if self._start is None:  # the first fork fixes the state every forward starts from
+            self._start = saved_rng
+            self._task_start = (self.generator.get_state() if self.generator is not None
+                                else None)
         if self.generator is not None:
             self.task.generator = self.generator
         try:
@@ -197,48 +201,80 @@ def _relative(actual: torch.Tensor, reference: torch.Tensor, floor: float) -> fl
     return diff / scale
 
 
-def verify_engine(engine: Any, model: nn.Module, loss_fn: LossFn, dataset: Any,
-                  device: torch.device, *, task: Any = None,
-                  generator: torch.Generator | None = None,
-                  examples: int = CHECK_EXAMPLES) -> EngineCheck:
-    """Compare ``engine`` with plain autograd on the first examples of ``dataset``.
+class EngineVerifier:
+    """The per-run check for one model: the plain-autograd reference once, then any engine.
 
-    ``model`` is the plain model the engine wraps (its trainable parameters are
-    ``engine.params``); ``loss_fn(module, batch)`` the task's per-example loss. ``generator``
-    replaces ``task.generator`` during the check (a stream of its own). Raises whatever the
-    engine raises; returns the comparison (``passed`` False on a mismatch).
+    ``prepare`` computes the reference on the bare model (before an engine's hooks are on
+    it: Opacus's backward hooks stay attached to the modules even when disabled);
+    ``check(engine)`` runs an engine on the same examples from the same RNG state and
+    compares. ``loss_fn(module, batch)`` is the task's per-example loss; ``generator``
+    replaces ``task.generator`` during the check (a stream of its own).
     """
-    start_time = time.perf_counter()
-    params = list(engine.params)
-    names = list(engine.names)
-    dtype = params[0].dtype if params else torch.float32
-    check = EngineCheck(engine=engine.mode, examples=0, tolerance=check_tolerance(dtype))
-    streams = _Streams(task, generator)
-    was_training = model.training
-    model.train()
-    try:
-        with streams.fork():
-            for start in range(0, SCAN_ROWS, examples):
-                batch = check_rows(dataset, device, start, examples)
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn, dataset: Any, device: torch.device,
+                 *, task: Any = None, generator: torch.Generator | None = None,
+                 examples: int = CHECK_EXAMPLES) -> None:
+        self.model, self.loss_fn, self.dataset, self.device = model, loss_fn, dataset, device
+        self.examples = examples
+        self.streams = _Streams(task, generator)
+        self._reference: tuple | None = None
+        self.reference_seconds = 0.0
+
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[None]:
+        was_training = self.model.training
+        self.model.train()
+        try:
+            with self.streams.fork():
+                yield
+        finally:
+            self.model.train(was_training)
+            for p in self.model.parameters():
+                p.grad = None
+
+    def prepare(self, engine: Any = None) -> None:
+        """Compute the reference (``engine``: one already hooked to the model, hooks off)."""
+        if self._reference is not None:
+            return
+        start_time = time.perf_counter()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        found = None
+        with self._session(), _hooks_off(engine):
+            for start in range(0, SCAN_ROWS, self.examples):
+                batch = check_rows(self.dataset, self.device, start, self.examples)
                 if batch is None:
                     break
-                with _hooks_off(engine):
-                    kept_ref, grads, total = _reference(model, params, loss_fn, batch, streams)
-                if bool(kept_ref.any()):
+                kept, grads, total = _reference(self.model, params, self.loss_fn, batch,
+                                                self.streams)
+                if bool(kept.any()):
+                    found = batch, kept, grads, total
                     break
-            else:
-                batch = None
-            if batch is None or not bool(kept_ref.any()):
-                raise ConfigError(f"the per-run engine check found no example with a finite "
-                                  f"loss and gradient among the first {SCAN_ROWS} training "
-                                  "examples; check the model and data")
-            _compare(check, engine, loss_fn, batch, streams, names, kept_ref, grads, total)
-    finally:
-        model.train(was_training)
-        for p in params:
-            p.grad = None
-    check.seconds = time.perf_counter() - start_time
-    return check
+        if found is None:
+            raise ConfigError(f"the per-run engine check found no example with a finite "
+                              f"loss and gradient among the first {SCAN_ROWS} training "
+                              "examples; check the model and data")
+        self._reference = found
+        self.reference_seconds = time.perf_counter() - start_time
+
+    def check(self, engine: Any) -> EngineCheck:
+        """Return the comparison of ``engine`` with the reference (``passed`` False: refuse)."""
+        self.prepare(engine)
+        start_time = time.perf_counter()
+        dtype = engine.params[0].dtype if engine.params else torch.float32
+        check = EngineCheck(engine=engine.mode, examples=0, tolerance=check_tolerance(dtype))
+        batch, kept, grads, total = self._reference
+        with self._session():
+            _compare(check, engine, self.loss_fn, batch, self.streams, list(engine.names),
+                     kept, grads, total)
+        check.seconds = time.perf_counter() - start_time + self.reference_seconds
+        self.reference_seconds = 0.0  # counted once, with the first engine checked
+        return check
+
+
+def verify_engine(engine: Any, model: nn.Module, loss_fn: LossFn, dataset: Any,
+                  device: torch.device, **kwargs: Any) -> EngineCheck:
+    """Return the per-run check of one engine already built on ``model`` (``EngineVerifier``)."""
+    return EngineVerifier(model, loss_fn, dataset, device, **kwargs).check(engine)
 
 
 def _compare(check: EngineCheck, engine: Any, loss_fn: LossFn, batch, streams: _Streams,

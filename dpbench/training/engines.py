@@ -10,14 +10,13 @@ gradient diagnostics and the audit's canaries need. See docs/engine.md.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
 from dpbench.errors import ConfigError
 from dpbench.training.bk_engine import BookKeepingGradients, bk_unsupported
-from dpbench.training.engine_check import EngineCheck
+from dpbench.training.engine_check import EngineCheck, EngineVerifier
 from dpbench.training.per_example import PerExampleGradients
 
 log = logging.getLogger(__name__)
@@ -79,18 +78,21 @@ def _one_line(err: BaseException) -> str:
 
 
 def build_verified_engine(requested: str, model: nn.Module, method: Any, task: Any,
-                          verify: Callable[[Engine], EngineCheck],
+                          verifier: EngineVerifier,
                           materialise: bool = False) -> tuple[Engine, EngineCheck, list[dict]]:
     """Return (engine, its passed check, the engines rejected before it, with why).
 
-    ``verify`` runs the per-run check (``engine_check.verify_engine``) on a built engine. An
-    explicitly requested mode is built and checked; a failure refuses the run. ``auto`` tries
-    its first choice (bk where its rules apply), then ``hooks``, then ``functorch``, and takes
-    the first that builds and passes; a refusal at build time, at the first call (a layer
-    called twice, an in-place op after a layer, a time-first layer) or a crash all move on to
-    the next. None passing refuses the run. All of this happens before any release.
+    ``verifier`` runs the per-run check (``engine_check.EngineVerifier``); its plain-autograd
+    reference is computed on the bare model, before any engine is built. An explicitly
+    requested mode is built and checked; a failure refuses the run. ``auto`` tries its first
+    choice (bk where its rules apply), then ``hooks``, then ``functorch``, and takes the first
+    that builds and passes: a refusal when built, a refusal at the first call (a layer called
+    twice, an in-place op after a layer, a layer whose dim 0 is not the example) or a crash
+    moves on to the next. None passing refuses the run. All of this happens before any
+    release.
     """
     first = choose_grad_sample_mode(requested, model, method, task, materialise)
+    verifier.prepare()
     rejected: list[dict] = []
     if requested == "auto":
         if first != "bk" and needs_materialised(method, task, materialise) is None:
@@ -106,7 +108,7 @@ def build_verified_engine(requested: str, model: nn.Module, method: Any, task: A
                 raise
             rejected.append({"engine": mode, "reason": _one_line(err)})
             continue
-        check = verify(engine)
+        check = verifier.check(engine)
         if check.passed:
             for r in rejected:
                 log.info("grad_sample_mode=%s: %s rejected (%s)", requested, r["engine"],

@@ -43,7 +43,7 @@ from dpbench.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from dpbench.training.engine_check import EngineCheck, verify_engine
+from dpbench.training.engine_check import EngineCheck, EngineVerifier
 from dpbench.training.engines import CLIPPED_SUM_MODES, build_verified_engine
 from dpbench.training.prefix_cache import maybe_cache_prefix
 from dpbench.training.sampling import (
@@ -190,7 +190,7 @@ class Trainer:
         self.grad_sample_mode = self.engine = None
         if self.plan.private:  # the engine is chosen and checked before any release
             self.engine, check, self.engine_rejected = build_verified_engine(
-                trainer.grad_sample_mode, self.model, method, task, self._verify,
+                trainer.grad_sample_mode, self.model, method, task, self._verifier(),
                 self.needs_per_example_grads)
             self.grad_sample_mode = self.engine.mode
             self._record_check(check, "start", step=0)
@@ -238,15 +238,15 @@ class Trainer:
         self._resume_checked = self._resumed = self._resume_verified = False
 
     # ---- the per-run engine check ----------------------------------------------------------
-    def _verify(self, engine: Any) -> EngineCheck:
-        """Run the per-run check of ``engine`` on the first training examples (engine_check).
+    def _verifier(self) -> EngineVerifier:
+        """Return the per-run check on the first training examples (engine_check).
 
         Its draws come from a stream of its own; the run's streams and torch's global RNG are
         restored afterwards, so the run's results are those it would have without the check.
         """
-        return verify_engine(engine, self.model, self.task.per_example_loss, self.data.train,
-                             self.device, task=self.task,
-                             generator=stream_generator(self.seed, "engine_check"))
+        return EngineVerifier(self.model, self.task.per_example_loss, self.data.train,
+                              self.device, task=self.task,
+                              generator=stream_generator(self.seed, "engine_check"))
 
     def _record_check(self, check: EngineCheck, when: str, step: int) -> None:
         if not check.passed:
@@ -443,7 +443,7 @@ class Trainer:
         self.maybe_resume()
         if self._resumed and self.plan.private and not self._resume_verified:
             # the resumed weights and this process's engine: checked again before releasing
-            self._record_check(self._verify(self.engine), "resume", step=self.step)
+            self._record_check(self._verifier().check(self.engine), "resume", step=self.step)
             self._resume_verified = True
         for cb in self.callbacks:
             cb.on_run_start(self)
