@@ -222,13 +222,15 @@ class EngineVerifier:
 
     @contextlib.contextmanager
     def _session(self) -> Iterator[None]:
-        was_training = self.model.training
-        self.model.train()
+        # each module's own flag: train(mode) is recursive, and a cached prefix sits in eval
+        modes = [(m, m.training) for m in self.model.modules()]
+        self.model.train()  # the mode fit() trains in
         try:
             with self.streams.fork():
                 yield
         finally:
-            self.model.train(was_training)
+            for m, mode in modes:
+                m.training = mode
             for p in self.model.parameters():
                 p.grad = None
 
