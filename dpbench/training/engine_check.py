@@ -129,11 +129,9 @@ def _hooks_off(engine: Any) -> Iterator[None]:
         yield
 
 
-def check_rows(dataset: Any, device: torch.device, start: int, count: int) -> Any:
-    """Return rows ``start .. start + count - 1`` of ``dataset`` as one batch (default collate,
-    as the loop's loader collates)."""
-    rows = [dataset[i] for i in range(start, min(start + count, len(dataset)))]
-    return move_to(default_collate(rows), device) if rows else None
+def check_rows(dataset: Any, device: torch.device, rows: Sequence[int]) -> Any:
+    """Return ``rows`` of ``dataset`` as one batch (default collate, as the loop's loader)."""
+    return move_to(default_collate([dataset[i] for i in rows]), device)
 
 
 def _reference(model: nn.Module, params: Sequence[torch.Tensor], loss_fn: LossFn, batch,
@@ -240,23 +238,37 @@ class EngineVerifier:
             return
         start_time = time.perf_counter()
         params = [p for p in self.model.parameters() if p.requires_grad]
-        found = None
         with self._session(), _hooks_off(engine):
-            for start in range(0, SCAN_ROWS, self.examples):
-                batch = check_rows(self.dataset, self.device, start, self.examples)
-                if batch is None:
-                    break
-                kept, grads, total = _reference(self.model, params, self.loss_fn, batch,
-                                                self.streams)
-                if bool(kept.any()):
-                    found = batch, kept, grads, total
-                    break
+            found = self._pick(params)
         if found is None:
             raise ConfigError(f"the per-run engine check found no example with a finite "
                               f"loss and gradient among the first {SCAN_ROWS} training "
                               "examples; check the model and data")
         self._reference = found
         self.reference_seconds = time.perf_counter() - start_time
+
+    def _pick(self, params: list[torch.Tensor]) -> tuple | None:
+        """Return (batch, kept, per-example grads, summed grad) of the first ``examples`` rows
+        whose loss and gradient are finite (a non-finite row would turn the batched backward
+        into 0 * NaN for every row), or None."""
+        rows: list[int] = []
+        for start in range(0, min(SCAN_ROWS, len(self.dataset)), self.examples):
+            block = list(range(start, min(start + self.examples, len(self.dataset))))
+            self.streams.reset()
+            with torch.no_grad():
+                losses = self.loss_fn(self.model, check_rows(self.dataset, self.device, block))
+            rows += [r for r, ok in zip(block, torch.isfinite(losses).cpu().tolist()) if ok]
+            if len(rows) >= self.examples:
+                break
+        rows = rows[:self.examples]
+        while rows:
+            batch = check_rows(self.dataset, self.device, rows)
+            kept, grads, total = _reference(self.model, params, self.loss_fn, batch,
+                                            self.streams)
+            if bool(kept.all()):
+                return batch, kept, grads, total
+            rows = [r for r, ok in zip(rows, kept.tolist()) if ok]
+        return None
 
     def check(self, engine: Any) -> EngineCheck:
         """Return the comparison of ``engine`` with the reference (``passed`` False: refuse)."""
