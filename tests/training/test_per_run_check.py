@@ -163,3 +163,25 @@ def test_multi_point_methods_and_virtual_batches_are_checked():
     assert disk.grad_sample_mode == "hooks" and disk.engine_checks[0]["engine"] == "hooks"
     chunked = build_trainer(_cfg("trainer.max_physical_batch_size=2"), None)
     assert chunked.engine_checks and chunked.engine_checks[0]["examples"] == 4
+
+
+def test_the_audit_and_a_cached_prefix_run_the_check():
+    from hydra import compose, initialize_config_dir
+
+    from dpbench.audit.cli import run_audit
+    from dpbench.cli import CONF_DIR
+    from dpbench.training.prefix_cache import PrefixCachedModel
+    from tests.cli_helpers import QUIET_CLI
+    from tests.method_matrix import method_overrides
+    from tests.training.test_prefix_cache import _run as _cached_run
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("audit", overrides=[*QUIET_CLI, *method_overrides("dpsgd"),
+                                          "audit.canaries=200", "audit.guesses_included=20",
+                                          "audit.guesses_excluded=20"])
+    record = run_audit(cfg)  # the audit's trainer subclasses the loop: checked likewise
+    assert record["engine_check"]["engine"] == "hooks"
+    assert [c["when"] for c in record["engine_check"]["checks"]] == ["start"]
+    cached, summary = _cached_run("on", "bk")  # checked on the cached features it trains on
+    assert isinstance(cached.model, PrefixCachedModel)
+    assert summary["engine_check"]["engine"] == summary["grad_sample_mode"] == "bk"
