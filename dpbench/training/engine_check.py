@@ -323,13 +323,17 @@ def _compare(check: EngineCheck, engine: Any, loss_fn: LossFn, batch, streams: _
         if kept_ref[i]:
             errors[f"the norm of example {i}"] = abs(float(norms[i]) - float(ref_norms[i])) / max(
                 float(ref_norms[i]), FLOOR * scale)
-    for label, got, ref in (("clipped sum", clipped, ref_clipped), ("sum", unclipped, total)):
-        whole = float(torch.linalg.vector_norm(torch.stack(
-            [torch.linalg.vector_norm(r.double()) for r in ref]))) if ref else 0.0
-        for name, a, r in zip(names, got, ref):
-            err = _relative(a, r, FLOOR * whole)
-            key = f"{name} ({label})"
-            errors[key] = err
+    # a sum's rounding error scales with the sum of its terms' norms, not with its own norm
+    # (4 normalised gradients may nearly cancel): each parameter's error is relative to
+    # sum_i w_i ||g_i,p||, which still makes an error of x in every g_i a relative error of x
+    term_norms = torch.tensor([[float(torch.linalg.vector_norm(x.double())) for x in g]
+                               for g in grads], dtype=torch.float64)  # [n, params]
+    for label, got, ref, weights in (("clipped sum", clipped, ref_clipped, factors),
+                                     ("sum", unclipped, total, kept_ref.double())):
+        scales = (weights.unsqueeze(1) * term_norms).sum(0) if n else torch.zeros(0)
+        whole = float(scales.sum()) if len(scales) else 0.0
+        for j, (name, a, r) in enumerate(zip(names, got, ref)):
+            errors[f"{name} ({label})"] = _relative(a, r, max(float(scales[j]), FLOOR * whole))
     check.worst_error = max(errors.values(), default=0.0)
     bad = [k for k, v in errors.items() if not v <= check.tolerance]
     # name each parameter once, the clipped sum first

@@ -3,6 +3,8 @@
 One logical step (docs/privacy.md): sample a Poisson batch -> ``private_release`` (per-example
 gradients at the method's evaluation points, combination, clipping, noise, extra queries) ->
 ledger + accountant -> ``method.postprocess`` -> ``method.update`` -> ``method.after_step``.
+Before the first release (and after a resume) the per-example engine is checked against plain
+autograd on a few training examples (``engine_check``); a wrong engine is never released from.
 The loop knows neither the task nor the logging sinks; both come in from outside.
 """
 
