@@ -251,6 +251,13 @@ class EngineVerifier:
         """Return (batch, kept, per-example grads, summed grad) of the first ``examples`` rows
         whose loss and gradient are finite (a non-finite row would turn the batched backward
         into 0 * NaN for every row), or None."""
+        first = list(range(min(self.examples, len(self.dataset))))
+        if not first:
+            return None
+        batch = check_rows(self.dataset, self.device, first)
+        kept, grads, total = _reference(self.model, params, self.loss_fn, batch, self.streams)
+        if bool(kept.all()):  # the common case: the first rows, one forward
+            return batch, kept, grads, total
         rows: list[int] = []
         for start in range(0, min(SCAN_ROWS, len(self.dataset)), self.examples):
             block = list(range(start, min(start + self.examples, len(self.dataset))))
