@@ -1,6 +1,9 @@
 """The per-run check: every private run's engine is compared with plain autograd before the
 first release (and after a resume); a wrong engine is refused, ``auto`` falls back, the check
-is recorded and leaves the run's results unchanged."""
+is recorded and leaves the run's results unchanged.
+
+``dpbench.training.engine_check`` is imported inside the tests that use it directly, so the
+others also run (and fail) against code without the check."""
 
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ from dpbench.errors import ConfigError
 from dpbench.experiment import build_trainer
 from dpbench.training import bk_layers, engines, step
 from dpbench.training.bk_layers import LayerRule
-from dpbench.training.engine_check import SCAN_ROWS, EngineCheck, EngineVerifier, check_rows
 from tests.conftest import compose_config
 from tests.method_matrix import TINY
 
@@ -110,6 +112,7 @@ def test_the_check_is_recorded_with_its_worst_error():
 
 def test_the_check_leaves_the_run_unchanged(monkeypatch):
     """The check draws from no run stream: a run with it equals a run without it."""
+    from dpbench.training.engine_check import EngineCheck, EngineVerifier
     cfg = _cfg("trainer.epochs=2")
     with_check = build_trainer(cfg, None)
     states = {k: g.get_state() for k, g in with_check.generators.items()}
@@ -141,6 +144,7 @@ def test_a_resumed_run_is_checked_again(tmp_path):
 
 
 def test_examples_with_non_finite_losses_are_skipped_by_the_check():
+    from dpbench.training.engine_check import SCAN_ROWS, EngineVerifier, check_rows
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
     x = torch.randn(12, 3)
     x[:5, 0] = math.nan  # rows 0-4: a NaN loss (and 0 * NaN in a batched backward)
