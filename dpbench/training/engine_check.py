@@ -76,13 +76,16 @@ class EngineCheck:
     def passed(self) -> bool:
         return not self.failures
 
-    def line(self) -> str:
-        """Return the one-line summary of a failed check."""
+    def line(self, numbers: bool = True) -> str:
+        """Return the one-line summary of a failed check; ``numbers=False`` leaves out the
+        worst error (computed on training rows) for records of a run that goes on."""
         if self.error is not None:
             return f"engine {self.engine} failed on the check's examples ({self.error})"
+        worst = (f" (worst relative error {self.worst_error:.3g} > {self.tolerance:.3g})"
+                 if numbers else f" (beyond the tolerance {self.tolerance:.3g})")
         return (f"engine {self.engine} disagrees with plain autograd on "
-                f"{', '.join(self.failures[:6])}{' ...' if len(self.failures) > 6 else ''} "
-                f"(worst relative error {self.worst_error:.3g} > {self.tolerance:.3g})")
+                f"{', '.join(self.failures[:6])}{' ...' if len(self.failures) > 6 else ''}"
+                + worst)
 
 
 class _Streams:

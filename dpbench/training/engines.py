@@ -110,15 +110,18 @@ def build_verified_engine(requested: str, model: nn.Module, method: Any, task: A
             continue
         check = verifier.check(engine)
         if check.passed:
+            rejected = [{"engine": r["engine"], "reason": r["reason"]} for r in rejected]
             for r in rejected:
                 log.info("grad_sample_mode=%s: %s rejected (%s)", requested, r["engine"],
                          r["reason"])
             return engine, check, rejected
         engine.close()
-        rejected.append({"engine": mode, "reason": check.line()})
+        rejected.append({"engine": mode, "reason": check.line(numbers=False), "check": check})
+    # the run stops here, before any release: the refusal may say by how much
+    reasons = [r["check"].line() if "check" in r else r["reason"] for r in rejected]
     if requested != "auto":
         raise ConfigError(f"trainer.grad_sample_mode={requested} is not exact for this model: "
-                          f"{rejected[-1]['reason']}; refusing to train (try "
+                          f"{reasons[-1]}; refusing to train (try "
                           "trainer.grad_sample_mode=auto)")
     raise ConfigError("no per-example engine is exact for this model, refusing to train: "
-                      + "; ".join(f"{r['engine']}: {r['reason']}" for r in rejected))
+                      + "; ".join(f"{r['engine']}: {why}" for r, why in zip(rejected, reasons)))
