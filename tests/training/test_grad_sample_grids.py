@@ -5,8 +5,8 @@ The families of ``tests/training/engine_grid.py`` draw from the strategies of Op
 (norms and clipped sums against a float64 one-example-at-a-time reference, at the tolerance of
 ``tests/numerics.py``) or a refusal before any release; never a silently wrong result or a
 crash. Where book-keeping's rules claim the layer (batch-first Linear, Conv2d, Embedding,
-LayerNorm, GroupNorm) it must run and be exact. A few draws per family run in the fast suite;
-the whole grid is ``slow``.
+LayerNorm, GroupNorm) it must run and be exact. Two seeded draws per family run in the fast
+suite; the whole grid (``hypothesis``, 60 draws per family) is ``slow``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from tests.training import engine_grid as grid
 
 COMMON = dict(deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-FAST = settings(max_examples=2, **COMMON)
 FULL = settings(max_examples=60, **COMMON)
 
 
@@ -88,11 +87,19 @@ def _property(family: str, data) -> None:
     check_case(case)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("family", list(grid.FAMILIES))
-@FAST
-@given(data=st.data())
-def test_grid_sample_is_exact_or_refused(family, data):
-    _property(family, data)
+def test_grid_sample_is_exact_or_refused(family, seed):
+    """Two seeded draws per family from the same strategies (hypothesis's first draws are the
+    minimal ones, which several families skip as invalid)."""
+    draw = grid.RandomDraw(1000 * seed + list(grid.FAMILIES).index(family))
+    torch.manual_seed(seed)
+    for _ in range(20):  # the first valid combination of this seed
+        case = grid.FAMILIES[family](draw)
+        if case is not None:
+            check_case(case)
+            return
+    pytest.fail(f"no valid {family} draw")
 
 
 @pytest.mark.slow
