@@ -509,7 +509,6 @@ class Trainer:
             "accountant": self.accountant.mechanism if self.accountant else None,
             "clip_norm": self.clip_norm if self.plan.private else None,
             "grad_sample_mode": self.grad_sample_mode,
-            "engine_check": self.engine_check_record(),
             "dataset_size": len(self.data.train),
             # what one "example" of epsilon protects (time series: window or observation)
             "privacy_unit": self.data.extras.get("privacy_unit", "example"),
@@ -521,4 +520,6 @@ class Trainer:
             "method_summary": self.method.summary(),
             "wall_time_s": self.wall_time_s,
             "data_notes": list(self.data.notes),
+            # private runs: what the per-run check verified (engine_check_record)
+            **({"engine_check": self.engine_check_record()} if self.engine_checks else {}),
         }
