@@ -14,9 +14,11 @@ from the model's dtype:
    autograd gradients, ``c`` half the smallest norm so that every example is clipped and
    each one's direction counts with equal weight;
 3. the engine's unclipped sum with one ordinary batched backward of the summed loss (a
-   weight used outside its layer, or examples folded into another axis, change it).
+   weight used outside its layer or examples folded into another axis change it, even where
+   an engine's norms happen to agree).
 
-Which examples: the first rows of the training set, so no sampling or noise stream is drawn.
+Which examples: the first rows of the training set whose loss and gradient are finite, so no
+sampling or noise stream is drawn.
 The global RNG and the task's stream are saved and restored around the check, and every
 forward of the check starts from the same state, so dropout masks and per-example draws in the
 loss (diffusion timesteps) are the same for the reference and the engine; the run's own draws
