@@ -72,11 +72,16 @@ class BookKeepingGradients:
         self._rules = {m: rule_for(m) for m in layers}
         self._own = {m: [p for p in m.parameters(recurse=False) if p.requires_grad]
                      for m in layers}
-        self._handles = [m.register_forward_hook(self._record) for m in layers]
+        # first of the forward hooks: the layer's own output is recorded, before any hook of
+        # the model's replaces it (the rules need the gradient with respect to that output)
+        self._handles = [m.register_forward_hook(self._record, prepend=True) for m in layers]
 
     def _record(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
         if self._recording and torch.is_grad_enabled() and output.requires_grad:
             self._records.append((module, inputs[0].detach(), output, output._version))
+
+    def _name(self, module: nn.Module) -> str:
+        return repr(self._layer_names.get(module) or type(module).__name__)
 
     def per_example(self, loss_fn: LossFn, batch) -> tuple[list[torch.Tensor], torch.Tensor]:
         raise ConfigError("book-keeping forms clipped sums, not per-example gradients; this "
@@ -97,12 +102,20 @@ class BookKeepingGradients:
             # a non-finite loss contributes 0: masked before the backward (and its factor is 0)
             finite = torch.isfinite(losses.detach())
             total = torch.where(finite, losses, torch.zeros_like(losses)).sum()
-        for module, _, out, version in records:
+        n = losses.shape[0] if losses.dim() else 0
+        for module, a, out, version in records:
             if out._version != version:
-                raise ConfigError(f"book-keeping: the output of {type(module).__name__} is "
+                raise ConfigError(f"book-keeping: the output of layer {self._name(module)} is "
                                   "modified in place later in the forward (e.g. "
                                   "ReLU(inplace=True)); make it out-of-place or use "
                                   "trainer.grad_sample_mode=hooks")
+            if a.dim() == 0 or a.shape[0] != n or out.dim() == 0 or out.shape[0] != n:
+                # the rules read dim 0 as the example (eq. 2 sums over the other dims only)
+                raise ConfigError(
+                    f"book-keeping: layer {self._name(module)} sees a leading size of "
+                    f"{a.shape[0] if a.dim() else 0}, not the {n} examples of the batch (a "
+                    "time-first layer or examples folded into another axis); only models "
+                    "that keep the example on dim 0 of every layer are supported")
         grads = (torch.autograd.grad(total, [r[2] for r in records], allow_unused=True)
                  if records and total.requires_grad else [None] * len(records))
         layers: dict[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -116,7 +129,7 @@ class BookKeepingGradients:
         if len(calls) == 1:
             return calls[0]
         if not self._rules[module].concat_calls:
-            raise ConfigError(f"book-keeping: {type(module).__name__} is called "
+            raise ConfigError(f"book-keeping: layer {self._name(module)} is called "
                               f"{len(calls)} times in one forward; use "
                               "trainer.grad_sample_mode=hooks")
         b = calls[0][0].shape[0]
@@ -174,6 +187,8 @@ class BookKeepingGradients:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+    close = remove_hooks
 
 
 def _zero_rows(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:

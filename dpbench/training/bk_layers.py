@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.grad import conv2d_weight
+from torch.nn.utils import parametrize
 
 Tensor = torch.Tensor
 #: per-example multiply-adds of a conv weight gradient above which one torch weight-gradient
@@ -267,18 +268,54 @@ RULES: dict[type, LayerRule] = {
 }
 
 
-def rule_for(module: nn.Module) -> LayerRule | None:
-    """Return the rule for ``module``'s type (or a supported base class), None if none."""
+#: the trainable parameters a rule computes; a layer owning any other one is not covered
+RULE_PARAMETERS = frozenset({"weight", "bias"})
+
+
+def _rule_class(module: nn.Module) -> type | None:
+    """Return the class in ``RULES`` that ``module`` is (or derives from), None if none."""
     for cls in type(module).__mro__:
         if cls in RULES:
-            return RULES[cls]
+            return cls
     return None
+
+
+def rule_for(module: nn.Module) -> LayerRule | None:
+    """Return the rule for ``module``, None if no rule computes its gradients exactly.
+
+    A subclass of a rule's class gets the rule only if it keeps that class's ``forward`` and
+    owns no trainable parameter besides ``weight`` and ``bias`` (what the rule's equations
+    cover: eq. 2 of Bu et al. for the layer's own computation, nothing else). A LoRA
+    ``Linear`` with its own ``forward``, a weight-standardised ``Conv2d`` or a ``LayerNorm``
+    over another axis computes something else from the same recorded input and output
+    gradient.
+    """
+    cls = _rule_class(module)
+    if cls is None or type(module).forward is not cls.forward:
+        return None
+    return RULES[cls]
 
 
 def unsupported_reason(module: nn.Module) -> str | None:
     """Return why book-keeping cannot handle ``module`` exactly, or None if it can."""
-    if rule_for(module) is None:
-        return f"no book-keeping rule for {type(module).__name__}"
+    cls = _rule_class(module)
+    name = type(module).__name__
+    if cls is None:
+        return f"no book-keeping rule for {name}"
+    if type(module).forward is not cls.forward:
+        return f"{name} subclasses {cls.__name__} with its own forward"
+    extra = sorted(n for n, p in module.named_parameters(recurse=False)
+                   if p.requires_grad and n not in RULE_PARAMETERS)
+    if extra:
+        return f"{name} has trainable parameters {', '.join(extra)} no rule covers"
+    if parametrize.is_parametrized(module):
+        return f"{name} computes its weight (a parametrization)"
+    for n in RULE_PARAMETERS:
+        value = getattr(module, n, None)
+        if value is not None and not isinstance(value, nn.Parameter):
+            return f"{name}.{n} is computed, not a parameter (e.g. old-style weight_norm)"
+    if module._forward_pre_hooks:  # weight_norm, spectral_norm, pruning compute weights so
+        return f"{name} has forward pre-hooks, which may compute its weight"
     if isinstance(module, nn.Embedding) and (module.scale_grad_by_freq or module.sparse):
         return "Embedding with scale_grad_by_freq or sparse gradients"
     if isinstance(module, nn.Conv2d) and module.padding_mode not in (

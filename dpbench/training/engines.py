@@ -16,12 +16,16 @@ from torch import nn
 
 from dpbench.errors import ConfigError
 from dpbench.training.bk_engine import BookKeepingGradients, bk_unsupported
+from dpbench.training.engine_check import EngineCheck, EngineVerifier
 from dpbench.training.per_example import PerExampleGradients
 
 log = logging.getLogger(__name__)
 
 #: modes whose engine returns clipped sums without materialising per-example gradients
 CLIPPED_SUM_MODES = ("ghost", "bk")
+#: what ``auto`` tries after its first choice, in order, when the per-run check rejects it
+AUTO_FALLBACKS = ("hooks", "functorch")
+Engine = PerExampleGradients | BookKeepingGradients
 
 
 def needs_materialised(method: Any, task: Any, materialise: bool = False) -> str | None:
@@ -66,3 +70,58 @@ def build_engine(model: nn.Module, mode: str) -> PerExampleGradients | BookKeepi
     if mode == "bk":
         return BookKeepingGradients(model)
     return PerExampleGradients(model, mode)
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def build_verified_engine(requested: str, model: nn.Module, method: Any, task: Any,
+                          verifier: EngineVerifier,
+                          materialise: bool = False) -> tuple[Engine, EngineCheck, list[dict]]:
+    """Return (engine, its passed check, the engines rejected before it, with why).
+
+    ``verifier`` runs the per-run check (``engine_check.EngineVerifier``); its plain-autograd
+    reference is computed on the bare model, before any engine is built. An explicitly
+    requested mode is built and checked; a failure refuses the run. ``auto`` tries its first
+    choice (bk where its rules apply), then ``hooks``, then ``functorch``, and takes the first
+    that builds and passes: a refusal when built, a refusal at the first call (a layer called
+    twice, an in-place op after a layer, a layer whose dim 0 is not the example) or a crash
+    moves on to the next. None passing refuses the run. All of this happens before any
+    release.
+    """
+    first = choose_grad_sample_mode(requested, model, method, task, materialise)
+    verifier.prepare()
+    rejected: list[dict] = []
+    if requested == "auto":
+        if first != "bk" and needs_materialised(method, task, materialise) is None:
+            rejected.append({"engine": "bk", "reason": bk_unsupported(model)})
+        order = [first, *(m for m in AUTO_FALLBACKS if m != first)]
+    else:
+        order = [first]
+    for mode in order:
+        try:
+            engine = build_engine(model, mode)
+        except Exception as err:  # noqa: BLE001 - Opacus refuses with its own error types
+            if requested != "auto" and isinstance(err, ConfigError):
+                raise
+            rejected.append({"engine": mode, "reason": _one_line(err)})
+            continue
+        check = verifier.check(engine)
+        if check.passed:
+            rejected = [{"engine": r["engine"], "reason": r["reason"]} for r in rejected]
+            for r in rejected:
+                log.info("grad_sample_mode=%s: %s rejected (%s)", requested, r["engine"],
+                         r["reason"])
+            return engine, check, rejected
+        engine.close()
+        rejected.append({"engine": mode, "reason": check.line(numbers=False), "check": check})
+    # the run stops here, before any release: the refusal may say by how much
+    reasons = [r["check"].line() if "check" in r else r["reason"] for r in rejected]
+    if requested != "auto":
+        raise ConfigError(f"trainer.grad_sample_mode={requested} is not exact for this model: "
+                          f"{reasons[-1]}; refusing to train (try "
+                          "trainer.grad_sample_mode=auto)")
+    raise ConfigError("no per-example engine is exact for this model, refusing to train: "
+                      + "; ".join(f"{r['engine']}: {why}" for r, why in zip(rejected, reasons)))

@@ -3,6 +3,8 @@
 One logical step (docs/privacy.md): sample a Poisson batch -> ``private_release`` (per-example
 gradients at the method's evaluation points, combination, clipping, noise, extra queries) ->
 ledger + accountant -> ``method.postprocess`` -> ``method.update`` -> ``method.after_step``.
+Before the first release (and after a resume) the per-example engine is checked against plain
+autograd on a few training examples (``engine_check``); a wrong engine is never released from.
 The loop knows neither the task nor the logging sinks; both come in from outside.
 """
 
@@ -43,7 +45,8 @@ from dpbench.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from dpbench.training.engines import CLIPPED_SUM_MODES, build_engine, choose_grad_sample_mode
+from dpbench.training.engine_check import EngineCheck, EngineVerifier
+from dpbench.training.engines import CLIPPED_SUM_MODES, build_verified_engine
 from dpbench.training.prefix_cache import maybe_cache_prefix
 from dpbench.training.sampling import (
     CyclicPoissonSampler,
@@ -184,10 +187,15 @@ class Trainer:
                                   + ". Use GroupNorm instead of BatchNorm.")
         self.model = model.to(self.device)  # before Opacus hooks (peft/Opacus issue #820)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.grad_sample_mode = (choose_grad_sample_mode(
-            trainer.grad_sample_mode, self.model, method, task, self.needs_per_example_grads)
-            if self.plan.private else None)
-        self.engine = build_engine(self.model, self.grad_sample_mode) if self.plan.private else None
+        self.engine_checks: list[dict[str, Any]] = []  # the per-run checks (initial, resumes)
+        self.engine_rejected: list[dict[str, Any]] = []  # engines auto tried and rejected
+        self.grad_sample_mode = self.engine = None
+        if self.plan.private:  # the engine is chosen and checked before any release
+            self.engine, check, self.engine_rejected = build_verified_engine(
+                trainer.grad_sample_mode, self.model, method, task, self._verifier(),
+                self.needs_per_example_grads)
+            self.grad_sample_mode = self.engine.mode
+            self._record_check(check, "start", step=0)
         self.info = RunInfo(
             dataset_size=len(data.train), expected_batch_size=self.plan.expected_batch_size,
             sample_rate=self.plan.sample_rate, total_steps=self.plan.total_steps,
@@ -229,7 +237,41 @@ class Trainer:
         self.private_history: list[dict[str, Any]] = []  # un-privatised task diagnostics
         self.wall_time_s = 0.0
         self.skipped_steps = 0
-        self._resume_checked = self._resumed = False
+        self._resume_checked = self._resumed = self._resume_verified = False
+
+    # ---- the per-run engine check ----------------------------------------------------------
+    def _verifier(self) -> EngineVerifier:
+        """Return the per-run check on the first training examples (engine_check).
+
+        Its draws come from a stream of its own; the run's streams and torch's global RNG are
+        restored afterwards, so the run's results are those it would have without the check.
+        """
+        return EngineVerifier(self.model, self.task.per_example_loss, self.data.train,
+                              self.device, task=self.task,
+                              generator=stream_generator(self.seed, "engine_check"))
+
+    def _record_check(self, check: EngineCheck, when: str, step: int) -> None:
+        if not check.passed:
+            raise ConfigError(f"the per-run engine check failed ({when}), refusing to release: "
+                              f"{check.line()}")
+        self.engine_checks.append({"when": when, "step": step, "engine": check.engine,
+                                   "examples": check.examples, "tolerance": check.tolerance,
+                                   "worst_error": check.worst_error,
+                                   "seconds": round(check.seconds, 4)})
+
+    def engine_check_record(self) -> dict[str, Any] | None:
+        """Return results.json's ``engine_check``: what was verified (no data-derived values:
+        the worst errors, computed on training examples, are under ``private_diagnostics``)."""
+        if not self.engine_checks:
+            return None
+        return {"engine": self.grad_sample_mode,
+                "verified": "per-example norms, clipped and unclipped sums against plain "
+                            "autograd, before the first release and after each resume",
+                "examples": self.engine_checks[-1]["examples"],
+                "tolerance": self.engine_checks[-1]["tolerance"],
+                "checks": [{k: c[k] for k in ("when", "step", "engine", "seconds")}
+                           for c in self.engine_checks],
+                "rejected": self.engine_rejected}
 
     # ---- privacy -------------------------------------------------------------------------
     def epsilon(self) -> float:
@@ -401,6 +443,10 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train for the planned epochs (continuing a resumed run); return the run summary."""
         self.maybe_resume()
+        if self._resumed and self.plan.private and not self._resume_verified:
+            # the resumed weights and this process's engine: checked again before releasing
+            self._record_check(self._verifier().check(self.engine), "resume", step=self.step)
+            self._resume_verified = True
         for cb in self.callbacks:
             cb.on_run_start(self)
         self.model.train()
@@ -436,9 +482,13 @@ class Trainer:
     def private_diagnostics(self) -> dict[str, Any]:
         """Return the un-privatised training diagnostics, apart from the headline metrics."""
         final = self.private_history[-1] if self.private_history else {}
-        return {"note": PRIVATE_DIAGNOSTICS_NOTE,
-                "final": {k: v for k, v in final.items() if k not in ("epoch", "step")},
-                "history": self.private_history}
+        out = {"note": PRIVATE_DIAGNOSTICS_NOTE,
+               "final": {k: v for k, v in final.items() if k not in ("epoch", "step")},
+               "history": self.private_history}
+        if self.engine_checks:  # the per-run check's worst relative error, on training rows
+            out["engine_check"] = [{k: c[k] for k in ("when", "step", "worst_error")}
+                                   for c in self.engine_checks]
+        return out
 
     def summary(self) -> dict[str, Any]:
         """Return the run's privacy facts, final metrics and history."""
@@ -470,4 +520,6 @@ class Trainer:
             "method_summary": self.method.summary(),
             "wall_time_s": self.wall_time_s,
             "data_notes": list(self.data.notes),
+            # private runs: what the per-run check verified (engine_check_record)
+            **({"engine_check": self.engine_check_record()} if self.engine_checks else {}),
         }

@@ -46,6 +46,11 @@ class PerExampleGradients:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
 
+    def close(self) -> None:
+        """Remove Opacus's hooks from the model (the loop falls back to another engine)."""
+        self._clear()
+        self.module._close()
+
     def _clear(self) -> None:
         for p in self.params:
             p.grad = None
@@ -61,7 +66,22 @@ class PerExampleGradients:
         self._clear()
         losses = loss_fn(self.module, batch)
         losses.sum().backward()
-        grads = [p.grad_sample.detach() for p in self.params]
+        n = losses.shape[0]
+        grads = []
+        for name, p in zip(self.names, self.params):
+            sample = p.grad_sample
+            if sample is None:
+                self._clear()
+                raise ConfigError(f"grad_sample_mode={self.mode}: Opacus computed no "
+                                  f"per-example gradient for parameter {name!r} (a weight "
+                                  "computed in the forward or used outside its layer)")
+            if sample.dim() == 0 or sample.shape[0] != n:
+                self._clear()
+                raise ConfigError(f"grad_sample_mode={self.mode}: parameter {name!r} has "
+                                  f"per-example gradients of leading size {sample.shape[0]}, "
+                                  f"not the {n} examples of the batch (a time-first layer "
+                                  "or examples folded into another axis)")
+            grads.append(sample.detach())
         self._clear()
         return grads, losses.detach()
 
@@ -86,6 +106,11 @@ class PerExampleGradients:
             losses = loss_fn(self.module, part)
             losses.sum().backward(retain_graph=True)
             part_norms = self.module.get_norm_sample().detach()
+            if part_norms.shape[:1] != losses.shape[:1]:
+                self._clear()
+                raise ConfigError(f"grad_sample_mode=ghost: {part_norms.shape[0]} "
+                                  f"per-example norms for {losses.shape[0]} examples (a "
+                                  "time-first layer or examples folded into another axis)")
             finite = (torch.isfinite(part_norms) & torch.isfinite(losses.detach())).cpu()
             if bool(finite.all()):
                 sums, part_factors = self._reweighted_sum(losses, factors_fn(part_norms))

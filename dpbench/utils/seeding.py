@@ -34,6 +34,7 @@ STREAMS: tuple[str, ...] = (
     "hpo_trial",  # the run seed of each hyper-parameter trial (indexed by trial)
     "hpo_draws",  # the search's random draws of hyper-parameters (seeded by its master seed)
     "partitions",  # the fixed partitions of cyclic Poisson sampling (BandMF)
+    "engine_check",  # per-example draws of the loss during the per-run engine check
 )
 
 
