@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from tests.numerics import assert_matches_reference, tolerance
+from tests.numerics import (
+    assert_matches_reference,
+    assert_trajectory_matches,
+    float64_batch,
+    tolerance,
+)
 
 
 def test_float32_matmul_is_within_tolerance_of_its_float64_reference():
@@ -26,3 +31,21 @@ def test_a_wrong_row_is_caught_even_inside_a_large_total():
 def test_the_reference_must_be_float64():
     with pytest.raises(TypeError, match="float64"):
         assert_matches_reference(torch.ones(3), torch.ones(3))
+
+
+def test_a_trajectory_within_rounding_passes_and_a_wrong_step_is_named():
+    g = torch.Generator().manual_seed(2)
+    steps64 = [torch.randn(50, dtype=torch.float64, generator=g) for _ in range(5)]
+    assert_trajectory_matches([s.float() for s in steps64], steps64)
+    bad = [s.float() for s in steps64]
+    bad[3] = bad[3] * 1.001
+    with pytest.raises(AssertionError, match="step 4"):
+        assert_trajectory_matches(bad, steps64)
+    with pytest.raises(AssertionError, match="steps"):
+        assert_trajectory_matches(bad[:4], steps64)
+
+
+def test_float64_batch_casts_floating_tensors_only():
+    x, y = float64_batch((torch.ones(2), torch.tensor([1, 2])))
+    assert x.dtype == torch.float64 and y.dtype == torch.int64
+    assert float64_batch([None, torch.ones(1)])[0] is None
