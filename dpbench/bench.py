@@ -244,8 +244,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="cpu: this thread's CPU time (needs --threads 1 on CPU); on a "
                              "loaded machine it is not inflated by waiting for a core")
     args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
+    for option, value, least in (("--rounds", args.rounds, 1), ("--reps", args.reps, 1),
+                                 ("--warmup", args.warmup, 0), ("--threads", args.threads, 1),
+                                 ("--batch-size", args.batch_size, 1)):
+        if value is not None and value < least:
+            parser.error(f"{option} must be at least {least} (got {value})")
+    if args.device not in ("auto", "cpu") and not args.device.startswith("cuda"):
+        parser.error(f"--device must be auto, cpu or cuda[:N] (got {args.device!r})")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device is available")
     if args.clock == "cpu" and (args.threads != 1 or args.device == "cuda"):
         parser.error("--clock cpu measures one thread: use it with --threads 1 on CPU")
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter

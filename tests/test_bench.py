@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from dpbench.bench import bench_model, main
@@ -54,3 +55,18 @@ def test_rounds_report_the_median_of_per_round_ratios_and_their_range():
     assert summarise_rounds([{"nonprivate": 1.0, "dpbench bk": float("nan")}])[
         "dpbench bk"][1] == "failed"
     assert summarise_rounds(rounds[:1])["dpbench bk"][1] == "1.50x"
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["--reps", "0"], "--reps"), (["--rounds", "0"], "--rounds"), (["--threads", "0"], "--threads"),
+    (["--warmup", "-1"], "--warmup"), (["--batch-size", "0"], "--batch-size"),
+    (["--device", "nosuch"], "--device"), (["--device", "cuda"], "--device"),
+])
+def test_bad_options_are_one_line_before_any_timing(argv, key, capsys):
+    if argv == ["--device", "cuda"] and torch.cuda.is_available():
+        argv = ["--device", "gpu"]  # a CUDA machine has cuda: a malformed name instead
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2 and key in captured.err
+    assert "| model |" not in captured.out  # refused before the table (and any timing)
