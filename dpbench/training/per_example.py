@@ -117,9 +117,9 @@ class PerExampleGradients:
                 break
             index = index[finite]
         self._clear()
-        device = self.params[0].device
-        norms = torch.zeros(n, device=device)
-        factors = torch.zeros(n, device=device)
+        device, dtype = self.params[0].device, self.params[0].dtype  # the model's precision
+        norms = torch.zeros(n, device=device, dtype=dtype)
+        factors = torch.zeros(n, device=device, dtype=dtype)
         kept = torch.zeros(n, dtype=torch.bool)
         kept[index] = True
         if len(index):
