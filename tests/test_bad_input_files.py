@@ -278,3 +278,16 @@ def test_a_tuned_path_that_is_a_folder_is_refused(tmp_path, make):
     (tmp_path / "choices.json").mkdir()
     with pytest.raises(ConfigError, match="not a regular file"):
         read_choices(tmp_path / "choices.json")
+
+
+def test_the_results_loader_reads_shared_folders_bounded(tmp_path):
+    """A results.json nested beyond the bound, or a folder in its place, is reported as
+    unreadable, never parsed without bound or crashed on."""
+    from dpbench.analysis.results import iter_records
+
+    (tmp_path / "deep").mkdir()
+    (tmp_path / "deep" / "results.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "folder" / "results.json").mkdir(parents=True)
+    reasons = dict(iter_records(tmp_path))
+    assert all(isinstance(v, str) and "unreadable" in v for v in reasons.values())
+    assert len(reasons) == 2

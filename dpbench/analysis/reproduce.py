@@ -101,6 +101,15 @@ def more_seeds(seeds: str, n: int) -> str:
     return ",".join(map(str, have))
 
 
+def _seed_list(text: str) -> str:
+    """Return ``text`` if it is a comma-separated list of distinct integer seeds >= 0."""
+    items = [item.strip() for item in text.split(",")]
+    if not items or not all(item.isdigit() for item in items) or len(set(items)) != len(items):
+        raise argparse.ArgumentTypeError(f"expected distinct integer seeds >= 0 separated by "
+                                         f"commas, e.g. 0,1,2 (got {text!r})")
+    return ",".join(items)
+
+
 def _claim_seeds(text: str) -> dict[str, int]:
     out = {}
     for item in text.split(","):
@@ -192,7 +201,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("papers", nargs="+", help=f"{', '.join(PAPERS)} or all")
     p.add_argument("--scale", choices=("cpu", "paper"), default="cpu")
     p.add_argument("--out", type=Path, default=Path("outputs"))
-    p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the spec's)")
+    p.add_argument("--seeds", type=_seed_list, default=None,
+                   help="comma-separated seeds (default: the spec's)")
     p.add_argument("--claim-seeds", type=_claim_seeds, default={}, metavar="ID=N[,ID=N]",
                    help="raise the sweeps of these claims to N seeds each (the table's "
                         "'seeds needed'); finished runs are reused")

@@ -6,7 +6,6 @@ a table needs becomes an ``unreadable`` row with the reason, and the rest are st
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from dpbench.logging.records import RESULTS_NAME
+from dpbench.utils.safe_json import UnsafeFile, read_json
 
 #: record fields kept as columns (everything else stays in the record)
 _SCALARS = ("method", "method_name", "dataset", "model", "privacy", "seed", "run_name",
@@ -59,8 +59,9 @@ def iter_records(root: str | Path) -> Iterator[tuple[Path, dict[str, Any] | str]
     """Yield (path, record) for every results.json under ``root``; a reason if unreadable."""
     for path in sorted(Path(root).rglob(RESULTS_NAME)):
         try:
-            record = check_record(json.loads(path.read_text()))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, Unreadable) as err:
+            # bounded: a results.json from a shared folder may be huge, nested or not a file
+            record = check_record(read_json(path))
+        except (OSError, UnsafeFile, Unreadable) as err:
             yield path, f"unreadable results.json: {err}"
             continue
         yield path, record
