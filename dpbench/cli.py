@@ -27,7 +27,7 @@ from dpbench.errors import ConfigError, DataError, DPBenchError
 from dpbench.logging.records import RESULTS_NAME, failed_record, write_record
 from dpbench.tune.choices import apply_tuned
 from dpbench.utils.conf import CONF_DIR
-from dpbench.utils.io import atomic_write_bytes
+from dpbench.utils.io import atomic_write_bytes, make_dirs, remove_created
 from dpbench.utils.lock import RunDirLock
 from dpbench.utils.paths import check_path_values, check_run_dir, register_path_resolver
 from dpbench.utils.threads import apply_threads, torch_threads
@@ -59,36 +59,17 @@ def _os_error(err: OSError, fallback: Path, doing: str = "") -> str:
 
 def _make_dirs(path: Path, key: str) -> list[Path]:
     """Create ``path`` and missing parents; return those created, top first (exit 2 on error)."""
-    missing = []
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        missing.append(probe)
-        probe = probe.parent
-    created: list[Path] = []
     try:
-        for folder in reversed(missing):
-            folder.mkdir()
-            created.append(folder)
+        return make_dirs(path)
     except OSError as err:
-        _remove_created(created)
         _fail(f"cannot create {key}={path}: {err.strerror or err} ({err.filename or path})")
-    return created
-
-
-def _remove_created(created: list[Path]) -> None:
-    """Remove the folders this run created, deepest first, while they are empty."""
-    for folder in reversed(created):
-        try:
-            folder.rmdir()
-        except OSError:  # not empty (something else wrote there) or gone: keep the rest
-            return
 
 
 def _remove_if_fresh(run_dir: Path, existed_before: bool) -> None:
     """Remove the folders this process created for ``run_dir`` (for entry points that refuse)."""
     created = _CREATED_DIRS.pop(str(Path(os.path.abspath(run_dir))), [])
     if not existed_before:
-        _remove_created(created)
+        remove_created(created)
 
 
 class RunDirGuard(HydraCallback):
@@ -109,7 +90,7 @@ class RunDirGuard(HydraCallback):
             with tempfile.TemporaryFile(dir=sweep_dir):
                 pass
         except OSError as err:
-            _remove_created(created)
+            remove_created(created)
             _fail(f"cannot write into hydra.sweep.dir={sweep_dir}: {err.strerror or err}")
 
 
@@ -224,13 +205,13 @@ def run_job(cfg: DictConfig) -> dict | None:
     except (DPBenchError, OSError) as err:
         _print_error(str(err) if isinstance(err, DPBenchError)
                      else _os_error(err, run_dir, "cannot write into hydra.run.dir: "))
-        _remove_created(created)
+        remove_created(created)
         if multirun:
             return None
         sys.exit(2)
     try:
         return _run_locked(cfg, run_dir, multirun, lambda: (lock.release(),
-                                                            _remove_created(created)))
+                                                            remove_created(created)))
     finally:
         lock.release()
 

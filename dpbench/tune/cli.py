@@ -32,6 +32,7 @@ from dpbench.tune.choices import (
     write_choice,
 )
 from dpbench.tune.search import TuneSettings, check_cell, check_settings, expand_cells, search_cell
+from dpbench.utils.io import make_dirs, remove_created
 
 log = logging.getLogger("dpbench.tune")
 _QUIET = ["logger=none", "trainer.progress=false", "trainer.checkpoint=false"]
@@ -296,32 +297,17 @@ def _fail(message: str) -> int:
 
 def _prepare_out(out: Path) -> list[Path]:
     """Create ``out`` (and missing parents); return the folders created, top first. OSError
-    if it cannot be created or written."""
+    if it cannot be created or written (the folders created are removed again)."""
     import tempfile
 
-    missing, probe = [], out.absolute()
-    while not probe.exists() and probe != probe.parent:
-        missing.append(probe)
-        probe = probe.parent
-    created: list[Path] = []
+    created = make_dirs(out)
     try:
-        for folder in reversed(missing):
-            folder.mkdir()
-            created.append(folder)
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError:
-        _remove_empty(created)
+        remove_created(created)
         raise
     return created
-
-
-def _remove_empty(created: list[Path]) -> None:
-    for folder in reversed(created):
-        try:
-            folder.rmdir()
-        except OSError:
-            return
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         lock.acquire()
     except (RunDirBusy, OSError) as err:
-        _remove_empty(created)
+        remove_created(created)
         holder = str(err).partition("(pid ")[2].partition(")")[0] or "?"
         return _fail(f"--out {args.out} is in use by another dpbench-tune (pid {holder}); wait "
                      "for it or choose another --out" if isinstance(err, RunDirBusy)
@@ -355,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"{err.filename or args.out}: {err.strerror or err}")
     finally:
         lock.release()
-        _remove_empty(created)  # only if nothing was written
+        remove_created(created)  # only if nothing was written
     print(text)
     return 0
 

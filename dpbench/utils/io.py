@@ -45,3 +45,34 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write ``obj`` as indented JSON atomically (NaN becomes null, inf stays Infinity)."""
     text = json.dumps(_jsonable(obj), indent=2, sort_keys=False, default=str)
     atomic_write_bytes(path, (text + "\n").encode())
+
+
+def make_dirs(path: str | os.PathLike) -> list[Path]:
+    """Create ``path`` and its missing parents; return the folders created, top first.
+
+    On an ``OSError`` the folders created so far are removed again (``remove_created``) and
+    the error is raised: a refused command leaves no folder of its own behind.
+    """
+    missing, probe = [], Path(path).absolute()
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    created: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            folder.mkdir()
+            created.append(folder)
+    except OSError:
+        remove_created(created)
+        raise
+    return created
+
+
+def remove_created(created: list[Path]) -> None:
+    """Remove folders a command created (top first in ``created``), deepest first, while they
+    are empty: anything another process wrote there stays, and so does every folder above."""
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (something else wrote there) or gone: keep the rest
+            return
