@@ -167,15 +167,21 @@ def _norm_shapes(n, z, h, w, input_dim, norm_dim):
     return x_shape[-norm_dim:], x_shape
 
 
-def layer_norm_case(d: Draw) -> Case | None:
+def _trailing_norm_case(d: Draw, layer: type[nn.Module], label: str,
+                        bk_claims: bool = False) -> Case | None:
+    """A norm over the trailing dims (LayerNorm, RMSNorm), drawn as Opacus's grids draw it."""
     n, z, h, w = d.int(1, 4), d.int(1, 4), d.int(1, 3), d.int(5, 10)
     shapes = _norm_shapes(n, z, h, w, d.int(2, 4), d.int(1, 3))
     if shapes is None:
         return None
-    norm = nn.LayerNorm(shapes[0], elementwise_affine=True)
+    norm = layer(shapes[0], elementwise_affine=True)
     _randomise(norm)
-    return Case(f"layer_norm{shapes[1]} over {shapes[0]}", norm, torch.randn(shapes[1]),
-                bk_claims=True)
+    return Case(f"{label}{shapes[1]} over {shapes[0]}", norm, torch.randn(shapes[1]),
+                bk_claims=bk_claims)
+
+
+def layer_norm_case(d: Draw) -> Case | None:
+    return _trailing_norm_case(d, nn.LayerNorm, "layer_norm", bk_claims=True)
 
 
 def group_norm_case(d: Draw) -> Case | None:
@@ -226,13 +232,7 @@ def instance_norm_case(d: Draw) -> Case | None:
 
 
 def rms_norm_case(d: Draw) -> Case | None:
-    n, z, h, w = d.int(1, 4), d.int(1, 4), d.int(1, 3), d.int(5, 10)
-    shapes = _norm_shapes(n, z, h, w, d.int(2, 4), d.int(1, 3))
-    if shapes is None:
-        return None
-    norm = nn.RMSNorm(shapes[0], elementwise_affine=True)
-    _randomise(norm)
-    return Case(f"rms_norm{shapes[1]} over {shapes[0]}", norm, torch.randn(shapes[1]))
+    return _trailing_norm_case(d, nn.RMSNorm, "rms_norm")
 
 
 class SequenceBiasModel(nn.Module):
