@@ -44,7 +44,8 @@ MAX_TRIALS = 1000
 MAX_LEDGER_ENTRIES = 1000
 
 
-def _positive_finite(value: Any) -> str | None:
+def positive_finite_problem(value: Any) -> str | None:
+    """Return why ``value`` is not a finite number > 0, or None if it is."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"must be a number (got {value!r})"
     if not math.isfinite(value) or value <= 0:
@@ -53,7 +54,7 @@ def _positive_finite(value: Any) -> str | None:
 
 
 #: the only keys a choices file may set, each with its check (an error text, or None)
-TUNABLE: dict[str, Callable[[Any], str | None]] = {"method.optimizer.lr": _positive_finite}
+TUNABLE: dict[str, Callable[[Any], str | None]] = {"method.optimizer.lr": positive_finite_problem}
 
 #: top-level keys that do not change what a run computes, or are set per run (seed, split)
 _NOT_IN_KEY = ("logger", "paths", "hydra", "run_name", "seed", "tuned", "tuning", "evaluation")
@@ -190,9 +191,9 @@ def _ledger_entries(source: Any, key: str, field: str, ledger: Any) -> list[dict
         if not isinstance(entry, dict):
             raise _refuse(source, key, where, "must be a ledger entry (an object)")
         sigma, rate, steps = (entry.get(k) for k in ("noise_multiplier", "sample_rate", "steps"))
-        if _positive_finite(sigma) is not None:
-            raise _refuse(source, key, f"{where}.noise_multiplier", _positive_finite(sigma))
-        if _positive_finite(rate) is not None or rate > 1:
+        if (problem := positive_finite_problem(sigma)) is not None:
+            raise _refuse(source, key, f"{where}.noise_multiplier", problem)
+        if positive_finite_problem(rate) is not None or rate > 1:
             raise _refuse(source, key, f"{where}.sample_rate", f"must be in (0, 1] (got {rate!r})")
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise _refuse(source, key, f"{where}.steps", f"must be an integer >= 0 (got {steps!r})")
@@ -205,10 +206,10 @@ def _accounted_totals(source: Any, key: str, choice: dict[str, Any]) -> dict[str
     from dpbench.privacy.selection import ledgers_epsilon
 
     eps_sel = choice.get("selection_epsilon")
-    if _positive_finite(eps_sel) is not None:
-        raise _refuse(source, key, "selection_epsilon", _positive_finite(eps_sel))
+    if (problem := positive_finite_problem(eps_sel)) is not None:
+        raise _refuse(source, key, "selection_epsilon", problem)
     delta, accountant = choice.get("delta"), choice.get("accountant")
-    if _positive_finite(delta) is not None or delta >= 1:
+    if positive_finite_problem(delta) is not None or delta >= 1:
         raise _refuse(source, key, "delta", f"must be in (0, 1) (got {delta!r})")
     try:
         check_accountant(accountant)
@@ -226,8 +227,8 @@ def _accounted_totals(source: Any, key: str, choice: dict[str, Any]) -> dict[str
         ledger = _ledger_entries(source, key, f"trials[{i}].ledger", trial.get("ledger"))
         claimed = trial.get("epsilon")
         if claimed is not None:
-            if _positive_finite(claimed) is not None:
-                raise _refuse(source, key, f"trials[{i}].epsilon", _positive_finite(claimed))
+            if (problem := positive_finite_problem(claimed)) is not None:
+                raise _refuse(source, key, f"trials[{i}].epsilon", problem)
             own = ledgers_epsilon([ledger], delta, accountant)
             if own < claimed * (1 - 1e-6):
                 raise _refuse(source, key, f"trials[{i}].ledger",

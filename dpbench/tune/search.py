@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 from dpbench.errors import ConfigError, DPBenchError
 from dpbench.privacy.selection import exponential_mechanism, ledgers_epsilon
-from dpbench.tune.choices import cfg_cell_key
+from dpbench.tune.choices import cfg_cell_key, positive_finite_problem
 
 log = logging.getLogger(__name__)
 
@@ -136,18 +136,15 @@ def check_settings(settings: TuneSettings) -> None:
     if not settings.lrs:
         raise ConfigError("--lrs needs at least one learning rate")
     for lr in settings.lrs:
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (
-                math.isfinite(lr) and lr > 0):
-            raise ConfigError(f"--lrs: every learning rate must be a finite number > 0 "
-                              f"(got {lr!r})")
+        if (problem := positive_finite_problem(lr)) is not None:
+            raise ConfigError(f"--lrs: every learning rate {problem}")
     if settings.mode == "accounted" and settings.select != "accuracy":
         raise ConfigError("--select: accounted tuning selects on accuracy (bounded sensitivity "
                           f"1/n_val); got --select {settings.select}")
     eps = settings.selection_epsilon
-    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float))
-                            or not math.isfinite(eps) or eps <= 0):
-        raise ConfigError(f"--selection-epsilon must be a finite number > 0 (got {eps!r}); "
-                          "omit it to use the cell's target epsilon")
+    if eps is not None and (problem := positive_finite_problem(eps)) is not None:
+        raise ConfigError(f"--selection-epsilon {problem}; omit it to use the cell's target "
+                          "epsilon")
     if not 0.0 < settings.validation_fraction < 1.0:
         raise ConfigError("--validation-fraction must be in (0, 1) (got "
                           f"{settings.validation_fraction!r})")
