@@ -108,7 +108,8 @@ def one_sided_p(values: Sequence[float], null: float, alternative: str) -> float
     """Return the one-sided t-test p-value of H0 ``mean <= null`` (alternative ``greater``)
     or H0 ``mean >= null`` (``less``); NaN with fewer than two finite values.
 
-    A sample without spread has p 0 or 1 by the side its mean is on (0.5 when on ``null``).
+    ``scipy.stats.ttest_1samp``; a sample without spread (where scipy gives NaN) has p 0 or 1
+    by the side its mean is on (0.5 when on ``null``).
     """
     x = _finite(values)
     if len(x) < 2:
@@ -119,9 +120,7 @@ def one_sided_p(values: Sequence[float], null: float, alternative: str) -> float
         if gap == 0:
             return 0.5
         return 0.0 if (gap > 0) == (alternative == "greater") else 1.0
-    t = gap / (sd / math.sqrt(len(x)))
-    dist = stats.t(df=len(x) - 1)
-    return float(dist.sf(t) if alternative == "greater" else dist.cdf(t))
+    return float(stats.ttest_1samp(x, null, alternative=alternative).pvalue)
 
 
 def tost(values: Sequence[float], low: float, high: float) -> float:
