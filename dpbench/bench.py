@@ -26,6 +26,7 @@ from dpbench.methods import get_method
 from dpbench.methods.base import StepContext
 from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
+from dpbench.training.distributed import Collective
 from dpbench.training.engines import build_engine
 from dpbench.training.step import private_release
 from dpbench.utils.conf import GRAD_SAMPLE_MODES
@@ -69,20 +70,23 @@ def _nonprivate_step(model, batch) -> Callable[[], None]:
     return step
 
 
-def _dpbench_step(model, mode: str, batch, device) -> Callable[[], None]:
-    """Return one dpbench DP-SGD step (the loop's release + update) in grad-sample ``mode``."""
+def _dpbench_step(model, mode: str, batch, device, collective: Collective | None = None,
+                  expected_batch_size: float | None = None) -> Callable[[], None]:
+    """Return one dpbench DP-SGD step (the loop's release + update) in grad-sample ``mode``;
+    with ``collective``, ``batch`` is this rank's slice of a batch of ``expected_batch_size``."""
     task = _task(batch)
     engine = build_engine(model, mode)
     method = get_method("dpsgd")(optimizer=lambda p: torch.optim.SGD(p, lr=1e-3))
     method.params, method.optimizer = engine.params, torch.optim.SGD(engine.params, lr=1e-3)
     gen = torch.Generator(device=device).manual_seed(0)
-    size = batch[0].shape[0]
+    size = expected_batch_size or batch[0].shape[0]
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=1.0,
                       expected_batch_size=float(size), sample_rate=0.01,
-                      dataset_size=size * 100, total_steps=1, generator=gen)
+                      dataset_size=int(size) * 100, total_steps=1, generator=gen)
 
     def step() -> None:
-        release = private_release(method, engine, task, batch, ctx, 1.0, None)
+        release = private_release(method, engine, task, batch, ctx, 1.0, None,
+                                  collective=collective)
         method.update(release.grads, ctx)
     return step
 
@@ -240,13 +244,17 @@ def main(argv: list[str] | None = None) -> int:
                              "the ratios are the median over rounds, with their range")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--processes", type=int, default=None,
+                        help="also time the bk step split over K processes (gloo/NCCL, "
+                             "bench_processes.py) against 1 process, per model")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: this thread's CPU time (needs --threads 1 on CPU); on a "
                              "loaded machine it is not inflated by waiting for a core")
     args = parser.parse_args(argv)
     for option, value, least in (("--rounds", args.rounds, 1), ("--reps", args.reps, 1),
                                  ("--warmup", args.warmup, 0), ("--threads", args.threads, 1),
-                                 ("--batch-size", args.batch_size, 1)):
+                                 ("--batch-size", args.batch_size, 1),
+                                 ("--processes", args.processes, 2)):
         if value is not None and value < least:
             parser.error(f"{option} must be at least {least} (got {value})")
     if args.device not in ("auto", "cpu") and not args.device.startswith("cuda"):
@@ -277,7 +285,28 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(f"| {name} | {key} | {batch} | {1e3 * t:.1f} | {vs_base} | {vs_best} |",
                   flush=True)
+    if args.processes:
+        _print_processes(args, device)
     return 0
+
+
+def _print_processes(args: argparse.Namespace, device: torch.device) -> None:
+    """Print the K-process bk step next to the 1-process one (rounds alternate the two)."""
+    from dpbench.bench_processes import bench_processes
+
+    k = args.processes
+    print(f"\n| model | variant | batch | ms / step (1 process) | ms / step ({k} processes) "
+          f"| {k} / 1 |")
+    print("|---|---|---|---|---|---|")
+    for name in args.models:
+        shape, b_cpu, b_gpu = DEFAULT_MODELS.get(name, ((32,), 64, 256))
+        batch = args.batch_size or (b_gpu if device.type == "cuda" else b_cpu)
+        rounds = bench_processes(name, "bk", batch, shape, k, args.reps, args.warmup,
+                                 args.rounds, device.type, args.threads or 1)
+        one = statistics.median(r[0] for r in rounds)
+        many = statistics.median(r[1] for r in rounds)
+        print(f"| {name} | dpbench bk, {k} processes | {batch} | {1e3 * one:.1f} | "
+              f"{1e3 * many:.1f} | {_ratio([r[1] / r[0] for r in rounds])} |", flush=True)
 
 
 if __name__ == "__main__":

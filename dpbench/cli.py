@@ -4,6 +4,11 @@ A single run with a bad setting prints one clear line, exits 2 and leaves nothin
 it removes only the folders it created itself. A run holds a lock on its run directory, so a
 second run on the same directory is refused. In a sweep, a failing job writes a ``failed``
 results.json and the others go on.
+
+Under ``torchrun --nproc_per_node=K`` every rank runs this job; rank 0 alone locks, writes
+and logs, and tells the others whether to train (``StartSignal``); they never write a file.
+A scheduler's preemption signal stops the run at a step boundary with its checkpoint saved
+(exit 3, or submitit's requeue). See docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -25,6 +30,14 @@ from omegaconf import DictConfig, OmegaConf
 from dpbench.config.schema import TrainerConfig, check_seed, register_schemas
 from dpbench.errors import ConfigError, DataError, DPBenchError
 from dpbench.logging.records import RESULTS_NAME, failed_record, write_record
+from dpbench.training.distributed import (
+    Collective,
+    close_collective,
+    from_slurm_tasks,
+    init_collective,
+    launched_world_size,
+)
+from dpbench.training.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionWatch
 from dpbench.tune.choices import apply_tuned
 from dpbench.utils.conf import CONF_DIR
 from dpbench.utils.io import atomic_write_bytes, make_dirs, remove_created
@@ -193,30 +206,118 @@ def _completed_record(cfg: DictConfig, results: Path) -> dict | None:
     return record
 
 
+class StartSignal:
+    """Rank 0 tells the other ranks, once, whether to train: GO, DONE (already completed) or
+    REFUSED (it stopped before training and said why). A no-op in a 1-process run."""
+
+    GO, DONE, REFUSED = 0, 1, 2
+
+    def __init__(self, collective: Collective) -> None:
+        self.collective, self.sent = collective, False
+
+    def send(self, code: int) -> None:
+        if self.sent or not self.collective.distributed:
+            return
+        self.sent = True
+        self.collective.bytes_from_main(bytes([code]))
+
+    def receive(self) -> int:
+        return self.collective.bytes_from_main(b"")[0]
+
+
 def run_job(cfg: DictConfig) -> dict | None:
     """Lock the run dir, then validate, train and record one job of a run or sweep."""
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     created = _CREATED_DIRS.pop(str(run_dir), [])
-    lock = RunDirLock(run_dir)
     try:
-        lock.acquire()
-    except (DPBenchError, OSError) as err:
-        _print_error(str(err) if isinstance(err, DPBenchError)
-                     else _os_error(err, run_dir, "cannot write into hydra.run.dir: "))
+        from_slurm_tasks()  # a SLURM job with K tasks: torchrun's variables from submitit
+        collective = init_collective(str(cfg.trainer.get("device", "auto")))
+    except (DPBenchError, RuntimeError, ValueError) as err:
+        _print_error(f"cannot join the process group: {err}")
         remove_created(created)
         if multirun:
             return None
         sys.exit(2)
     try:
-        return _run_locked(cfg, run_dir, multirun, lambda: (lock.release(),
-                                                            remove_created(created)))
+        if not collective.is_main:
+            return _run_worker(cfg, run_dir, multirun, collective, created)
+        return _run_main(cfg, run_dir, multirun, collective, created)
     finally:
-        lock.release()
+        close_collective(collective)
 
 
-def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo) -> dict | None:
+def _run_main(cfg: DictConfig, run_dir: Path, multirun: bool, collective: Collective,
+              created: list[Path]) -> dict | None:
+    """Rank 0 (or the only process): lock the run dir, then validate, train and record."""
+    start = StartSignal(collective)
+    lock = RunDirLock(run_dir)
+    try:
+        try:
+            lock.acquire()
+        except (DPBenchError, OSError) as err:
+            _print_error(str(err) if isinstance(err, DPBenchError)
+                         else _os_error(err, run_dir, "cannot write into hydra.run.dir: "))
+            remove_created(created)
+            if multirun:
+                return None
+            sys.exit(2)
+        try:
+            return _run_locked(cfg, run_dir, multirun, lambda: (lock.release(),
+                                                                remove_created(created)),
+                               collective, start)
+        finally:
+            lock.release()
+    finally:
+        start.send(StartSignal.REFUSED)  # if it has not said GO or DONE: the others stop
+
+
+def _run_worker(cfg: DictConfig, run_dir: Path, multirun: bool, collective: Collective,
+                created: list[Path]) -> dict | None:
+    """Rank r > 0: build the same trainer, wait for rank 0's word, train; write nothing."""
+    from dpbench.experiment import build_trainer
+
+    prefix = f"rank {collective.rank}: "
+    start = StartSignal(collective)
+    try:
+        check_seed(cfg.get("seed"))
+        check_path_values(cfg)
+        cfg = apply_tuned(cfg)
+        check_trainer(cfg)
+        apply_threads(cfg.trainer.get("num_threads"), HydraConfig.get())
+        trainer = build_trainer(cfg, None, [], collective=collective)
+    except Exception as err:  # noqa: BLE001 - rank 0 reports a bad setting; this is the rest
+        _print_error(prefix + (str(err) if isinstance(err, DPBenchError)
+                               else f"{type(err).__name__}: {err}"))
+        if multirun:
+            return None
+        sys.exit(2)
+    code = start.receive()
+    if code != StartSignal.GO:
+        if code == StartSignal.REFUSED:
+            remove_created(created)  # rank 0 said why; what this rank made goes
+        if multirun:
+            return None
+        sys.exit(0 if code == StartSignal.DONE else 2)
+    watch = PreemptionWatch().install()
+    try:
+        try:
+            return trainer.fit(stop=watch.requested)
+        finally:
+            watch.restore()
+    except Preempted:
+        watch.hand_over()
+        sys.exit(PREEMPTED_EXIT_CODE)
+    except Exception as err:  # noqa: BLE001 - one line, then the rank stops
+        _print_error(prefix + (str(err) if isinstance(err, DPBenchError)
+                               else f"{type(err).__name__}: {err}"))
+        sys.exit(1)
+
+
+def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo,
+                collective: Collective | None = None,
+                start: StartSignal | None = None) -> dict | None:
     """run_job's body, with the run dir locked; ``undo()`` removes what a refusal created."""
     hc = HydraConfig.get()
     existed_before = (run_dir / RESULTS_NAME).exists() or (run_dir / "checkpoint.pt").exists()
@@ -236,12 +337,14 @@ def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo) -> dict | 
         if cfg.trainer.get("resume") and results.exists():
             record = _completed_record(cfg, results)
             if record is not None:
+                if start is not None:
+                    start.send(StartSignal.DONE)
                 print(f"dpbench: {run_dir} already completed; epsilon {record['epsilon']}")
                 return record
         check_trainer(cfg)  # before apply_threads: a bad thread count must not reach torch
         threads = apply_threads(cfg.trainer.get("num_threads"), hc)  # k parallel jobs share cores
         callbacks = _callbacks(cfg, run_dir, multirun)
-        trainer = build_trainer(cfg, run_dir, callbacks)
+        trainer = build_trainer(cfg, run_dir, callbacks, collective=collective)
         _resume(trainer)  # a checkpoint of another config fails here, writing nothing
     except expected as err:
         # a failed record never replaces the record of an earlier run in the same dir
@@ -266,6 +369,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo) -> dict | 
         sys.exit(2)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s"))
     logging.getLogger().addHandler(handler)
+    watch = PreemptionWatch()
     try:
         for note in trainer.data.notes:
             log.warning(note)
@@ -275,7 +379,15 @@ def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo) -> dict | 
         log.info("N=%d q=%.4g steps=%d sigma=%.4g delta=%s accountant=%s",
                  len(trainer.data.train), trainer.plan.sample_rate, trainer.plan.total_steps,
                  trainer.plan.noise_multiplier, trainer.plan.delta, trainer.plan.accountant)
-        result = trainer.fit()
+        if start is not None:
+            start.send(StartSignal.GO)
+        watch.install()
+        try:
+            result = trainer.fit(stop=watch.requested)
+        finally:
+            watch.restore()
+    except Preempted as err:  # a whole step checkpointed: not a failure
+        _preempted(callbacks, err, watch)
     except BaseException as err:  # noqa: BLE001 - record every failure, then re-raise
         for cb in callbacks:
             if hasattr(cb, "close"):
@@ -299,6 +411,17 @@ def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo) -> dict | 
     return result
 
 
+def _preempted(callbacks: list, err: Preempted, watch: PreemptionWatch) -> None:
+    """Say where the run stopped, close the sinks, hand over to the earlier handler (submitit
+    requeues) or exit 3; the checkpoint stays, and no failed record is written."""
+    for cb in callbacks:
+        if hasattr(cb, "close"):
+            cb.close(failed=False)
+    print(f"dpbench: {err}", file=sys.stderr)
+    watch.hand_over()
+    sys.exit(PREEMPTED_EXIT_CODE)
+
+
 def _resume(trainer) -> None:
     """Load the run dir's checkpoint when resuming; any failure to read it is one DataError."""
     try:
@@ -318,6 +441,14 @@ def _hydra_entry(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console script ``dpbench`` (and ``python -m dpbench``)."""
+    try:
+        world = launched_world_size()
+    except ConfigError as err:
+        _fail(str(err))
+    if world > 1 and any(a in ("-m", "--multirun") for a in sys.argv[1:]):
+        _fail("torchrun trains one run across its processes, not a sweep: sweep with a "
+              "launcher whose jobs have K tasks (hydra/launcher=submitit_slurm "
+              "hydra.launcher.tasks_per_node=K; docs/distributed.md)")
     _hydra_entry()
 
 

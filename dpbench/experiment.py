@@ -26,7 +26,9 @@ from dpbench.errors import ConfigError
 from dpbench.methods import get_method
 from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
+from dpbench.training.distributed import Collective
 from dpbench.training.loop import Callback, Trainer
+from dpbench.utils.conf import without_added_defaults
 from dpbench.utils.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ def fingerprint(cfg: DictConfig) -> str:
     data = _settings(cfg, *_NOT_FINGERPRINTED)
     data["trainer"] = {k: v for k, v in data.get("trainer", {}).items()
                        if k not in _NOT_FINGERPRINTED_TRAINER}
+    data = without_added_defaults(data)  # settings added later, at the value runs had before
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -97,10 +100,12 @@ def load_data(cfg: DictConfig) -> TaskData:
 
 def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
                   callbacks: list[Callback] | None = None,
-                  trainer_cls: type[Trainer] = Trainer) -> Trainer:
+                  trainer_cls: type[Trainer] = Trainer,
+                  collective: Collective | None = None) -> Trainer:
     """Validate every setting, load data and model, calibrate noise; train nothing yet.
 
-    ``trainer_cls`` lets the audit run the same loop with canaries (a Trainer subclass).
+    ``trainer_cls`` lets the audit run the same loop with canaries (a Trainer subclass);
+    ``collective`` is a K-process run's process group (training/distributed.py).
     """
     seed = check_seed(cfg.get("seed"))
     seed_everything(seed, "model_init")  # init depends on the seed alone
@@ -117,4 +122,5 @@ def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
     task = get_task(data.task)(data, **_settings(cfg.get("task")))
     return trainer_cls(method=method, model=model, task=task, data=data, privacy=privacy,
                        trainer=trainer_cfg, seed=seed, run_dir=run_dir,
-                       callbacks=callbacks, fingerprint=fingerprint(cfg))
+                       callbacks=callbacks, fingerprint=fingerprint(cfg),
+                       **({"collective": collective} if collective is not None else {}))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from dpbench.utils.conf import PRECISIONS
+
 #: top-level keys a results record always carries, whatever the method
 REQUIRED_KEYS = ("method", "dataset", "model", "seed", "target_epsilon", "epsilon", "delta",
                  "noise_multiplier", "sample_rate", "steps", "accountant", "metrics",
@@ -31,6 +33,14 @@ def contract_problems(record: dict) -> list[str]:
     else:
         problems += [f"environment has no {key}" for key in ENVIRONMENT_KEYS
                      if env.get(key) is None]  # a finished run imported torch: all are known
+    if record["status"] == "completed":  # how it ran: processes, precision, their devices
+        world, devices = record.get("world_size"), record.get("devices")
+        if not isinstance(world, int) or world < 1:
+            problems.append(f"world_size {world!r} is not a process count")
+        elif not isinstance(devices, list) or len(devices) != world:
+            problems.append(f"devices {devices!r} do not list the {world} processes")
+        if record.get("precision") not in PRECISIONS:
+            problems.append(f"precision {record.get('precision')!r} is not one of {PRECISIONS}")
     if record["method"] == "nonprivate":
         return problems
     epsilon, target = record["epsilon"], record["target_epsilon"]

@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 
 from dpbench.errors import ConfigError
 from dpbench.privacy.accountant import DEFAULT_ACCOUNTANT, check_accountant
-from dpbench.utils.conf import GRAD_SAMPLE_MODES
+from dpbench.utils.conf import GRAD_SAMPLE_MODES, PRECISIONS, REFUSED_PRECISIONS
 
 #: the smallest privacy.delta accepted: at 1e-15 the PLD accountant already returns inf and
 #: PRV refuses (floating-point error); 1e-12 is accounted by all three
@@ -115,6 +115,7 @@ class TrainerConfig:
     nonfinite: str = "stop"  # NaN/Inf loss or gradient: "stop", or "skip" the update
     progress: bool = True
     cache_frozen_prefix: str = "auto"  # auto | on | off: train on cached frozen-prefix outputs
+    precision: str = PRECISIONS[0]  # 32-true | bf16-mixed (a bf16 forward, float32 mechanism)
 
     def __post_init__(self) -> None:
         if not isinstance(self.epochs, int) or self.epochs < 1:
@@ -143,6 +144,12 @@ class TrainerConfig:
                               f"(got {self.eval_every_steps!r})")
         if self.nonfinite not in ("stop", "skip"):
             raise ConfigError(f"trainer.nonfinite must be stop or skip (got {self.nonfinite!r})")
+        if self.precision not in PRECISIONS:
+            why = REFUSED_PRECISIONS.get(str(self.precision))
+            raise ConfigError(
+                f"trainer.precision={self.precision!r} is refused ({why}); use "
+                f"{' or '.join(PRECISIONS)}" if why else f"trainer.precision must be one of "
+                f"{', '.join(PRECISIONS)} (got {self.precision!r})")
 
 
 def _check_cuda(device: str) -> None:

@@ -120,8 +120,9 @@ class BookKeepingGradients:
                  if records and total.requires_grad else [None] * len(records))
         layers: dict[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for (module, a, _, _), g in zip(records, grads):
-            if g is not None:
-                layers.setdefault(module, []).append((a, g))
+            if g is not None:  # bf16-mixed: norms and sums in the parameters' float32
+                dtype = self._own[module][0].dtype
+                layers.setdefault(module, []).append((_as_dtype(a, dtype), _as_dtype(g, dtype)))
         return losses.detach(), finite, {m: self._merge(m, calls) for m, calls in layers.items()}
 
     def _merge(self, module: nn.Module, calls: list[tuple[torch.Tensor, torch.Tensor]]):
@@ -189,6 +190,11 @@ class BookKeepingGradients:
         self._handles = []
 
     close = remove_hooks
+
+
+def _as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Return floating ``x`` in ``dtype`` (indices, e.g. an embedding's input, as they are)."""
+    return x.to(dtype) if x.is_floating_point() and x.dtype != dtype else x
 
 
 def _zero_rows(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:

@@ -73,11 +73,22 @@ def to_plain(obj: Any, where: str = "state") -> Any:
                     "strings and lists/dicts of them (state_dict() of the owning object)")
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` atomically (a kill leaves the previous checkpoint intact)."""
+def state_bytes(state: dict[str, Any]) -> bytes:
+    """Return ``state`` serialised as a checkpoint is (plain values only, see ``to_plain``)."""
     buffer = io.BytesIO()
     torch.save(to_plain(state), buffer)
-    atomic_write_bytes(path, buffer.getvalue())
+    return buffer.getvalue()
+
+
+def state_from_bytes(data: bytes) -> dict[str, Any]:
+    """Return the state ``state_bytes`` wrote, loaded without running code (weights only)."""
+    with torch.serialization.safe_globals(SAFE_GLOBALS):
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Write ``state`` to ``path`` atomically (a kill leaves the previous checkpoint intact)."""
+    atomic_write_bytes(path, state_bytes(state))
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:

@@ -11,9 +11,11 @@ The loop knows neither the task nor the logging sinks; both come in from outside
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,9 +46,14 @@ from dpbench.training.checkpoint import (
     rng_state,
     save_checkpoint,
     set_rng_state,
+    state_bytes,
+    state_from_bytes,
 )
+from dpbench.training.distributed import Collective, shard_loader
 from dpbench.training.engine_check import EngineCheck, EngineVerifier
 from dpbench.training.engines import CLIPPED_SUM_MODES, build_verified_engine
+from dpbench.training.precision import with_precision
+from dpbench.training.preemption import Preempted
 from dpbench.training.prefix_cache import maybe_cache_prefix
 from dpbench.training.sampling import (
     CyclicPoissonSampler,
@@ -98,9 +105,20 @@ def _finite(*groups: Any) -> bool:
     return all(bool(torch.isfinite(t).all()) for group in groups for t in group)
 
 
-def resolve_device(name: str) -> torch.device:
+def _device_name(device: torch.device) -> str:
+    """Return e.g. ``cpu`` or ``cuda:0 (NVIDIA H200)``."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return str(device)
+
+
+def resolve_device(name: str, collective: Collective | None = None) -> torch.device:
+    """Return the run's device; rank r of a multi-process run on CUDA uses cuda:LOCAL_RANK."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if collective is not None and collective.distributed and name.startswith("cuda"):
+        return torch.device("cuda", collective.local_rank)
     return torch.device(name)
 
 
@@ -155,14 +173,17 @@ class Trainer:
     def __init__(self, *, method: DPMethod, model: nn.Module, task: Task, data: TaskData,
                  privacy: PrivacyConfig, trainer: TrainerConfig, seed: int,
                  run_dir: str | Path | None = None, callbacks: list[Callback] | None = None,
-                 fingerprint: str = "", check_sensitivity: bool = True) -> None:
+                 fingerprint: str = "", check_sensitivity: bool = True,
+                 collective: Collective | None = None) -> None:
         self.method, self.task, self.data = method, task, data
+        self.float_task = task  # the per-run engine check's float32 forward
+        self.collective = collective or Collective()  # 1 process unless torchrun (distributed.py)
         self.check_sensitivity = check_sensitivity  # False: the audit's broken mechanism only
         self.settings, self.seed = trainer, seed
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.callbacks = callbacks or []
         self.fingerprint = fingerprint
-        self.device = resolve_device(trainer.device)
+        self.device = resolve_device(trainer.device, self.collective)
         self.plan = plan_privacy(privacy, trainer, len(data.train), method.private,
                                  method.participation_bands())
         if method.tasks is not None and data.task not in method.tasks:
@@ -174,6 +195,10 @@ class Trainer:
             raise ConfigError(f"method {method.name!r} combines per-example gradients and "
                               "needs them materialised: use trainer.grad_sample_mode=hooks "
                               f"or functorch, not {trainer.grad_sample_mode}")
+        if trainer.precision != "32-true" and trainer.grad_sample_mode == "ghost":
+            raise ConfigError(f"trainer.precision={trainer.precision} needs an engine that "
+                              "hands its per-example quantities over in float32 (bk, hooks, "
+                              "functorch or auto), not trainer.grad_sample_mode=ghost")
         seed_everything(seed, "model_configure")
         model = method.configure_model(model)
         model, self.data = maybe_cache_prefix(model, data, self.device,
@@ -216,7 +241,11 @@ class Trainer:
         }
         self.sampler_generator = self.generators["sampler"]
         self.noise_generator = self.generators["noise"]
+        if self.collective.distributed:  # each rank's examples get draws of their own
+            self.generators["task"] = stream_generator(seed, "task_rank", "cpu",
+                                                       self.collective.rank)
         task.generator = self.generators["task"]
+        self.task = with_precision(task, trainer.precision, self.device)  # forward only
         seed_everything(seed, "global")  # what still draws from torch's global RNG (dropout)
         self.cyclic_sampler: CyclicPoissonSampler | None = None
         if method.participation_bands() is not None:  # b fixed partitions, one per step
@@ -229,9 +258,13 @@ class Trainer:
         else:
             self.train_loader = DPDataLoader(self.data.train, sample_rate=self.plan.sample_rate,
                                              generator=self.sampler_generator)
+        # K processes: the global Poisson mask, each rank its slice (distributed.py)
+        self.train_loader = shard_loader(self.train_loader, self.collective)
+        self.devices = self.collective.gather_strings(_device_name(self.device))
         self.test_loader = DataLoader(self.data.test, batch_size=trainer.eval_batch_size)
         self.step = 0
         self.epoch = 0
+        self.epoch_step = 0  # steps done in the current epoch (a preempted run stops mid-epoch)
         self.history: list[dict[str, Any]] = []
         self.step_history: list[dict[str, Any]] = []  # evaluations every eval_every_steps
         self.private_history: list[dict[str, Any]] = []  # un-privatised task diagnostics
@@ -246,8 +279,8 @@ class Trainer:
         Its draws come from a stream of its own; the run's streams and torch's global RNG are
         restored afterwards, so the run's results are those it would have without the check.
         """
-        return EngineVerifier(self.model, self.task.per_example_loss, self.data.train,
-                              self.device, task=self.task,
+        return EngineVerifier(self.model, self.float_task.per_example_loss, self.data.train,
+                              self.device, task=self.float_task,
                               generator=stream_generator(self.seed, "engine_check"))
 
     def _record_check(self, check: EngineCheck, when: str, step: int) -> None:
@@ -311,11 +344,12 @@ class Trainer:
                              * sens / self.plan.expected_batch_size)
             release = private_release(self.method, self.engine, self.task, batch, ctx,
                                       self.plan.noise_multiplier, physical, self.noise_shaper,
-                                      check_sensitivity=self.check_sensitivity)
+                                      check_sensitivity=self.check_sensitivity,
+                                      collective=self.collective)
             self._account(release)  # the release happened: account before anything can fail
         else:
             release = nonprivate_gradient(self.method, self.model, self.params, self.task,
-                                          batch, ctx, physical)
+                                          batch, ctx, physical, collective=self.collective)
         self._apply(release, ctx)
         self.step += 1
         # released values (and their post-processing) at the top level; un-privatised
@@ -379,6 +413,7 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         return {
             "fingerprint": self.fingerprint, "epoch": self.epoch, "step": self.step,
+            "epoch_step": self.epoch_step,
             "model": self.model.state_dict(), "method": self.method.state_dict(),
             "task": self.task.state_dict(),
             "accountant": self.accountant.state_dict() if self.accountant else None,
@@ -418,6 +453,7 @@ class Trainer:
         if self.noise_shaper is not None:
             self.noise_shaper.load_state_dict(state["noise_shaper"], self.device)
         self.epoch, self.step = state["epoch"], state["step"]
+        self.epoch_step = int(state.get("epoch_step", 0))
         self.wall_time_s, self.skipped_steps = state["wall_time_s"], state["skipped_steps"]
 
     @property
@@ -440,9 +476,45 @@ class Trainer:
         log.info("resumed from epoch %d (step %d)", self.epoch, self.step)
         return True
 
-    def fit(self) -> dict[str, Any]:
-        """Train for the planned epochs (continuing a resumed run); return the run summary."""
+    def _sync_from_main(self) -> None:
+        """Start every rank of a K-process run from rank 0's state (a resumed one included).
+
+        Sent as a checkpoint is written and read back without running code (checkpoint.py).
+        """
+        if not self.collective.distributed:
+            return
+        data = state_bytes({"resumed": self._resumed, "state": self.state_dict()}) \
+            if self.collective.is_main else b""
+        received = state_from_bytes(self.collective.bytes_from_main(data))
+        if not self.collective.is_main:
+            self.load_state_dict(received["state"])
+            self._resumed = bool(received["resumed"])
+
+    def _epoch_batches(self) -> Iterator[Any]:
+        """Return this epoch's remaining batches (all of them unless resumed mid-epoch).
+
+        Mid-epoch, the sampling stream is put back after the loader's iterator takes its
+        per-epoch draw, so the remaining masks are those a run never stopped draws.
+        """
+        if not self.epoch_step:
+            return iter(self.train_loader)
+        saved = self.sampler_generator.get_state()
+        batches = iter(self.train_loader)
+        self.sampler_generator.set_state(saved)
+        return itertools.islice(batches, max(self.plan.steps_per_epoch - self.epoch_step, 0))
+
+    def _save_checkpoint(self) -> None:
+        if self.settings.checkpoint and self.checkpoint_path is not None:
+            save_checkpoint(self.checkpoint_path, self.state_dict())
+
+    def fit(self, stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """Train for the planned epochs (continuing a resumed run); return the run summary.
+
+        ``stop`` (e.g. ``PreemptionWatch.requested``) is polled after every whole step; when
+        it holds on any rank, the run checkpoints that step and raises ``Preempted``.
+        """
         self.maybe_resume()
+        self._sync_from_main()
         if self._resumed and self.plan.private and not self._resume_verified:
             # the resumed weights and this process's engine: checked again before releasing
             self._record_check(self._verifier().check(self.engine), "resume", step=self.step)
@@ -452,8 +524,9 @@ class Trainer:
         self.model.train()
         while self.epoch < self.settings.epochs:
             start = time.perf_counter()
-            for batch in self.train_loader:
+            for batch in self._epoch_batches():
                 metrics = self.train_step(batch)
+                self.epoch_step += 1
                 for cb in self.callbacks:
                     cb.on_step_end(self, metrics)
                 every = self.settings.eval_every_steps
@@ -461,7 +534,14 @@ class Trainer:
                     self.step_history.append({"step": self.step, "epsilon": self.epsilon(),
                                               **self.evaluate()})
                     self._collect_diagnostics({"step": self.step})
+                if stop is not None and self.collective.any(stop(), self.device):
+                    self.wall_time_s += time.perf_counter() - start
+                    self._save_checkpoint()
+                    raise Preempted(f"preempted at step {self.step} (epoch {self.epoch}); "
+                                    "its checkpoint is saved: run again with "
+                                    "trainer.resume=true to continue")
             self.epoch += 1
+            self.epoch_step = 0
             self.wall_time_s += time.perf_counter() - start
             last = self.epoch == self.settings.epochs
             row: dict[str, Any] = {"epoch": self.epoch, "step": self.step,
@@ -470,8 +550,7 @@ class Trainer:
                 row.update(self.evaluate())
                 self._collect_diagnostics({"epoch": self.epoch, "step": self.step})
             self.history.append(row)
-            if self.settings.checkpoint and self.checkpoint_path is not None:
-                save_checkpoint(self.checkpoint_path, self.state_dict())
+            self._save_checkpoint()
             for cb in self.callbacks:
                 cb.on_epoch_end(self, row)
         result = self.summary()
@@ -519,6 +598,11 @@ class Trainer:
             "privacy_ledger": self.ledger.to_json(),
             "method_summary": self.method.summary(),
             "wall_time_s": self.wall_time_s,
+            # how it ran: K processes (one mask, noise once: distributed.py), the forward's
+            # precision (the mechanism is float32 either way) and each rank's device
+            "world_size": self.collective.world_size,
+            "precision": self.settings.precision,
+            "devices": self.devices,
             "data_notes": list(self.data.notes),
             # private runs: what the per-run check verified (engine_check_record)
             **({"engine_check": self.engine_check_record()} if self.engine_checks else {}),

@@ -81,7 +81,7 @@ class PerExampleGradients:
                                   f"per-example gradients of leading size {sample.shape[0]}, "
                                   f"not the {n} examples of the batch (a time-first layer "
                                   "or examples folded into another axis)")
-            grads.append(sample.detach())
+            grads.append(sample.detach().to(p.dtype))  # bf16-mixed: float32 from here
         self._clear()
         return grads, losses.detach()
 

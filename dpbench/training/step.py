@@ -23,6 +23,7 @@ from dpbench.methods.base import (
 from dpbench.privacy.ledger import Query
 from dpbench.tasks.base import Task
 from dpbench.training.batches import batch_size, physical_chunks, select_rows
+from dpbench.training.distributed import Collective
 from dpbench.training.per_example import PerExampleGradients, flat_norms
 from dpbench.utils.tensors import parameters_at
 
@@ -168,42 +169,60 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
 def private_release(method: DPMethod, engine: PerExampleGradients, task: Task, batch,
                     ctx: StepContext, sigma: float, max_physical: int | None,
                     noise_shaper: NoiseShaper | None = None, *,
-                    check_sensitivity: bool = True) -> Release:
+                    check_sensitivity: bool = True,
+                    collective: Collective | None = None) -> Release:
     """Return the noisy mean gradient and extra queries of one logical step.
 
     ``noise_shaper`` (the method's, e.g. BandMF's C^{-1} recursion) maps the step's i.i.d.
     gradient noise to the noise released; None releases it as drawn (DP-SGD).
+
+    ``collective`` (a K-process run, distributed.py): ``batch`` is this rank's slice of the
+    global Poisson batch; the pre-noise sums are summed over the ranks, rank 0 alone draws
+    and adds the noise, and every rank receives rank 0's release.
     """
+    collective = collective or Collective()
     agg = clipped_aggregate(method, engine, task, batch, ctx, sigma, max_physical,
                             check_sensitivity=check_sensitivity)
     sums, extra_sums, extra_specs, queries = agg.sums, agg.extra_sums, agg.extra_specs, agg.queries
-    grad_std = queries[0].noise_std
-    noises = [torch.normal(0.0, grad_std, size=s.shape, device=s.device,
-                           generator=ctx.generator) for s in sums]
-    if noise_shaper is not None:
-        noises = noise_shaper(noises)
-    released = [(s + noise).div_(ctx.expected_batch_size) for s, noise in zip(sums, noises)]
-    noisy_extras = {}
-    for name, q in extra_specs.items():
-        value = torch.as_tensor(extra_sums.get(name, 0.0), device=sums[0].device,
-                                dtype=torch.float32)
-        noise = torch.normal(0.0, q.noise_std, size=(), device=value.device,
-                             generator=ctx.generator)
-        noisy_extras[name] = value + noise
-    n = agg.realised_batch
+    device = sums[0].device
+    noisy_extras = {name: torch.as_tensor(extra_sums.get(name, 0.0), device=device,
+                                          dtype=torch.float32).clone() for name in extra_specs}
+    shared = sorted(noisy_extras)  # the same order on every rank
+    collective.sum_([*sums, *(noisy_extras[k] for k in shared)])  # over the slices, pre-noise
+    released: list[torch.Tensor] = sums
+    if collective.is_main:  # the noise is added once per step, from the run's noise stream
+        grad_std = queries[0].noise_std
+        noises = [torch.normal(0.0, grad_std, size=s.shape, device=s.device,
+                               generator=ctx.generator) for s in sums]
+        if noise_shaper is not None:
+            noises = noise_shaper(noises)
+        released = [(s + noise).div_(ctx.expected_batch_size) for s, noise in zip(sums, noises)]
+        for name, value in noisy_extras.items():
+            noise = torch.normal(0.0, extra_specs[name].noise_std, size=(),
+                                 device=value.device, generator=ctx.generator)
+            noisy_extras[name] = value + noise
+    collective.from_main_([*released, *(noisy_extras[k] for k in shared)])  # rank 0's release
+    # the diagnostics of every rank's kept examples (not privatised, as in one process)
+    norms, factors = collective.cat(agg.norms, device), collective.cat(agg.factors, device)
     return Release(
-        grads=released, queries=queries, noisy_extras=noisy_extras, realised_batch=n,
-        losses=agg.losses, norms=agg.norms,
+        grads=released, queries=queries, noisy_extras=noisy_extras,
+        realised_batch=collective.count(agg.realised_batch, device),
+        losses=collective.cat(agg.losses, device), norms=norms,
         # clipped = scaled down to the sensitivity bound (right for flat and normalised
         # clipping alike; AUTO-S never reaches the bound)
-        clipped_fraction=float((agg.factors * agg.norms >= queries[0].sensitivity
-                                * (1 - 1e-4)).float().mean()) if agg.norms.numel() else 0.0,
+        clipped_fraction=float((factors * norms >= queries[0].sensitivity
+                                * (1 - 1e-4)).float().mean()) if norms.numel() else 0.0,
     )
 
 
 def nonprivate_gradient(method: DPMethod, model: torch.nn.Module, params, task: Task, batch,
-                        ctx: StepContext, max_physical: int | None) -> Release:
-    """Return the exact mean gradient of the realised batch (no clipping, no noise)."""
+                        ctx: StepContext, max_physical: int | None, *,
+                        collective: Collective | None = None) -> Release:
+    """Return the exact mean gradient of the realised batch (no clipping, no noise).
+
+    K processes: each rank's sum over its slice, summed over the ranks, over the global count.
+    """
+    collective = collective or Collective()
     n = batch_size(batch)
     sums = [torch.zeros_like(p) for p in params]
     losses = []
@@ -221,9 +240,12 @@ def nonprivate_gradient(method: DPMethod, model: torch.nn.Module, params, task: 
             losses.append(loss.detach())
     for p in params:
         p.grad = None
+    collective.sum_(sums)
+    n = collective.count(n, sums[0].device if sums else "cpu")
     grads = [s / max(n, 1) for s in sums]
+    kept = torch.cat(losses) if losses else torch.zeros(0)
     return Release(grads=grads, queries=[], realised_batch=n,
-                   losses=torch.cat(losses) if losses else torch.zeros(0))
+                   losses=collective.cat(kept, sums[0].device if sums else "cpu"))
 
 
 def _finite_loss(task: Task, model: torch.nn.Module, batch) -> torch.Tensor:

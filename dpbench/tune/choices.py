@@ -29,6 +29,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dpbench.errors import ConfigError
+from dpbench.utils.conf import without_added_defaults
 from dpbench.utils.io import atomic_write_json
 from dpbench.utils.safe_json import UnsafeFile, read_json
 
@@ -104,7 +105,7 @@ def run_settings(cfg: DictConfig) -> dict[str, Any]:
             node = node.get(name) if isinstance(node, dict) else None
         if isinstance(node, dict):
             node.pop(leaf, None)
-    return data
+    return without_added_defaults(data)
 
 
 def cfg_cell_key(cfg: DictConfig) -> str:

@@ -35,6 +35,7 @@ STREAMS: tuple[str, ...] = (
     "hpo_draws",  # the search's random draws of hyper-parameters (seeded by its master seed)
     "partitions",  # the fixed partitions of cyclic Poisson sampling (BandMF)
     "engine_check",  # per-example draws of the loss during the per-run engine check
+    "task_rank",  # per-example draws of the loss on rank r of a K-process run (indexed by r)
 )
 
 

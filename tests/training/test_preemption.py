@@ -1,0 +1,145 @@
+"""A scheduler's signal stops a run at a step boundary with its checkpoint; the resumed run
+continues the same accountant and ends exactly where a run never stopped ends.
+
+Also a sweep through submitit's local launcher (the same numbers as the basic launcher), and
+a preempted submitit job that submitit requeues and that resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from dpbench.training.checkpoint import load_checkpoint
+from dpbench.training.preemption import PREEMPTED_EXIT_CODE
+from tests.conftest import QUIET
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = ["dataset=digits", "model=mlp", "trainer.batch_size=16", "trainer.num_threads=1",
+       *QUIET]
+LONG = [*RUN, "trainer.epochs=12"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def _dpbench(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dpbench", *args]
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(_dpbench(*args), capture_output=True, text=True, timeout=300,
+                          env=_env(), cwd=cwd)
+
+
+def _wait_training(run_dir: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
+    """Wait until the run has finished its first epoch (so a signal lands mid-training)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (run_dir / "checkpoint.pt").exists():
+            return
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.05)
+    raise AssertionError("the run did not start training")
+
+
+def _same_run(a: dict, b: dict) -> None:
+    for key in ("epsilon", "privacy_ledger", "steps", "metrics", "history"):
+        assert a[key] == b[key], key
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_a_preempted_run_resumes_to_the_same_result(tmp_path, sig):
+    reference = tmp_path / "reference"
+    done = _run(*LONG, f"hydra.run.dir={reference}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run_dir = tmp_path / "preempted"
+    proc = subprocess.Popen(_dpbench(*LONG, f"hydra.run.dir={run_dir}"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(), cwd=tmp_path)
+    _wait_training(run_dir, proc)
+    time.sleep(0.3)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == PREEMPTED_EXIT_CODE, err[-2000:]
+    assert "dpbench: preempted at step" in err and "Traceback" not in err
+    state = load_checkpoint(run_dir / "checkpoint.pt")
+    planned = json.loads((reference / "results.json").read_text())["steps"]
+    assert 0 < state["step"] < planned  # stopped inside the run, at a step boundary
+    record = json.loads((run_dir / "results.json").read_text())
+    assert record["status"] == "running"  # no failed record: the run is not over
+    resumed = _run(*LONG, f"hydra.run.dir={run_dir}", "trainer.resume=true", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    _same_run(json.loads((run_dir / "results.json").read_text()),
+              json.loads((reference / "results.json").read_text()))
+    one = load_checkpoint(reference / "checkpoint.pt")["model"]
+    two = load_checkpoint(run_dir / "checkpoint.pt")["model"]
+    assert all(torch.equal(one[k], two[k]) for k in one)  # the same steps, draws and noise
+
+
+def _results(sweep: Path) -> dict[int, dict]:
+    out = {}
+    for path in sweep.glob("*/results.json"):
+        record = json.loads(path.read_text())
+        out[record["seed"]] = record
+    return out
+
+
+def test_a_submitit_local_sweep_gives_the_basic_launchers_numbers(tmp_path):
+    sweep = [*RUN, "trainer.epochs=2", "seed=0,1"]
+    basic = _run("-m", *sweep, f"hydra.sweep.dir={tmp_path / 'basic'}", cwd=tmp_path)
+    assert basic.returncode == 0, basic.stderr[-2000:]
+    local = _run("-m", *sweep, "hydra/launcher=submitit_local",
+                 "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={tmp_path / 'submitit'}",
+                 cwd=tmp_path)
+    assert local.returncode == 0, local.stderr[-2000:]
+    got, ref = _results(tmp_path / "submitit"), _results(tmp_path / "basic")
+    assert sorted(got) == sorted(ref) == [0, 1]
+    for seed in ref:
+        assert got[seed]["status"] == "completed"
+        _same_run(got[seed], ref[seed])
+
+
+def test_a_preempted_submitit_job_is_requeued_and_resumes(tmp_path):
+    reference = tmp_path / "reference"
+    done = _run(*LONG, f"hydra.run.dir={reference}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        _dpbench("-m", *LONG, "seed=0", "trainer.resume=true", "hydra/launcher=submitit_local",
+                 "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep_dir}"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+    deadline, job = time.time() + 600, None
+    while time.time() < deadline and job is None:
+        if list(sweep_dir.glob("*/checkpoint.pt")):
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                try:
+                    if "submitit.core._submit" in " ".join(child.cmdline()):
+                        job = child
+                except psutil.Error:
+                    pass
+        time.sleep(0.05)
+    assert job is not None, "the submitit job did not start training"
+    job.send_signal(signal.SIGUSR2)  # submitit's preemption signal
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    logs = "\n".join(p.read_text() for p in sweep_dir.rglob("*_log.err"))
+    assert "preempted at step" in logs and "Requeued job" in logs, logs[-3000:]
+    (run_dir,) = [p.parent for p in sweep_dir.glob("*/results.json")]
+    got = json.loads((run_dir / "results.json").read_text())
+    assert got["status"] == "completed"
+    assert [c["when"] for c in got["engine_check"]["checks"]] == ["start", "resume"]
+    _same_run(got, json.loads((reference / "results.json").read_text()))
