@@ -66,6 +66,8 @@ class BookKeepingGradients:
             raise ConfigError(f"trainer.grad_sample_mode=bk cannot run this model ({reason}); "
                               "use trainer.grad_sample_mode=hooks or auto")
         self.module = model
+        #: the run combines several evaluation points (the per-run check checks that path too)
+        self.combines_points = False
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
         self._recording = False

@@ -235,6 +235,8 @@ class ViTFeatures(nn.Module):
     def __init__(self, **settings) -> None:
         super().__init__()
         import timm
+        settings.setdefault("global_pool", "token" if settings.get("class_token", True)
+                            else "avg")  # token pooling needs the class token
         self.vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0,
                                      img_size=16, patch_size=8, depth=1, embed_dim=8,
                                      num_heads=2, **settings)
