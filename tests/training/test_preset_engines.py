@@ -77,8 +77,12 @@ def data_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def hub_stand_ins(tmp_path_factory) -> dict[str, Path]:
     """Return {model name: local folder} of tiny random models of the hub architectures."""
-    from transformers import (Qwen2Config, Qwen2ForCausalLM, RobertaConfig,
-                              RobertaForSequenceClassification)
+    from transformers import (
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        RobertaConfig,
+        RobertaForSequenceClassification,
+    )
 
     from dpbench.utils.pretrained import OFFLINE_DEFAULT, load_tokenizer
 
