@@ -177,6 +177,10 @@ class BookKeepingGradients:
     ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Return ``ghost_clipped_sum``'s values for ``d_i = sum_k w_k g_i(theta + delta_k)``.
 
+        DiSK's observation ``u_i = (1 - a) g_i(theta) + a g_i(theta + gamma d)`` (Zhang et al.
+        2024, their observation u_t, docs/fiber-disk-adambc.md; FIBER's alike) and IVON's
+        average over posterior samples.
+
         ``points`` are the method's evaluation points (``weight`` w_k, ``offsets`` delta_k or
         None). One forward and one backward per point, each with its output gradients scaled
         by w_k; each layer's calls at the points are then one call list, whose rule gives

@@ -354,10 +354,13 @@ class Standardisation:
     """The weight standardisation of one output channel per row, at one point.
 
     ``W_eff[o] = gain_o * scale * (W[o] - mean W[o]) / s_o``, ``s_o = sqrt(var W[o] + eps)``
-    (biased variance over the C/G k^2 entries of row o; Qiao et al. 2019, eq. 5 of "Micro-batch
-    training with batch-channel normalization and weight standardization"; Brock et al. 2021,
-    eq. 4 of "Characterizing signal propagation ..." for the gain and scale). ``gain_scale`` is
-    None for ``StdConv2d``.
+    (biased variance over the C/G k^2 entries of row o): the weight standardisation of Qiao et
+    al. 2019, "Micro-batch training with batch-channel normalization and weight
+    standardization", as timm computes it (``F.batch_norm`` over the rows), with the gain and
+    the fan-in scale of Brock et al. 2021, "Characterizing signal propagation to close the
+    performance gap in unnormalized ResNets". ``gain_scale`` is None for ``StdConv2d``. The
+    per-example gradient of W is the chain rule through this map (Bu et al. eq. 2 gives the
+    gradient of W_eff).
     """
 
     w_hat: Tensor  # [O, n] the standardised rows
@@ -486,8 +489,9 @@ def _norm_affine_grads(m: nn.Module, calls: Calls) -> dict[nn.Parameter, Tensor]
     """Return per-example grads [B, *param.shape] of a norm layer's affine parameters.
 
     ``y = x_hat * weight + bias``: grad weight_i = sum x_hat_i g_i and grad bias_i = sum g_i
-    over the positions the parameters are broadcast over (Ba et al. 2016, eq. 4 and its
-    affine map; Zhang and Sennrich 2019, eq. 4, for RMSNorm), summed over the calls.
+    over the positions the parameters are broadcast over (the affine map of layer
+    normalisation, Ba et al. 2016, and of RMSNorm, Zhang and Sennrich 2019, whose x_hat is
+    x / RMS(x)), summed over the calls.
     """
     out: dict[nn.Parameter, Tensor] = {}
     weight, bias = getattr(m, "weight", None), getattr(m, "bias", None)
@@ -517,8 +521,8 @@ def norm_layer_clipped(m: nn.Module, calls: Calls, f: Tensor) -> dict[nn.Paramet
 # ---- timm LayerScale: y = x * gamma --------------------------------------------------------
 def _layer_scale_grads(m: nn.Module, calls: Calls) -> dict[nn.Parameter, Tensor]:
     """Return per-example grads of gamma: sum over the token dims of a_i * g_i (the product
-    rule for ``y = x * gamma``, gamma broadcast over the tokens; Touvron et al. 2021, eq. 1
-    of "Going deeper with image transformers")."""
+    rule for ``y = x * gamma``, gamma broadcast over the tokens: LayerScale of Touvron et al.
+    2021, "Going deeper with image transformers")."""
     out = None
     for c in calls:
         term = (c.a * c.g).reshape(c.a.shape[0], -1, c.a.shape[-1]).sum(1)
@@ -545,8 +549,9 @@ def layer_scale_check(m: nn.Module) -> str | None:
 def vit_entry(m: nn.Module) -> nn.Module:
     """Return the submodule whose input is where ViT's own parameters have entered.
 
-    In timm's ``_pos_embed`` the class (and register) tokens are concatenated before the
-    patch tokens and ``pos_embed`` is added (before or after the concatenation,
+    ViT's input ``z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos`` (Dosovitskiy et al. 2021,
+    eq. 1): in timm's ``_pos_embed`` the class (and register) tokens are concatenated before
+    the patch tokens and ``pos_embed`` is added (before or after the concatenation,
     ``no_embed_class``); the sum z goes into ``pos_drop``. Without a position embedding the
     concatenation is returned as it is and goes into ``patch_drop``.
     """
