@@ -71,7 +71,8 @@ class BookKeepingGradients:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
         self._recording = False
-        self._records: list[tuple[nn.Module, torch.Tensor, torch.Tensor, int, Any]] = []
+        #: (layer, its input, its output, the output's version, state, the input's version)
+        self._records: list[tuple[nn.Module, torch.Tensor, torch.Tensor, int, Any, int]] = []
         named = trainable_layers(model)
         layers = [m for _, m in named]
         self._layer_names = {m: name for name, m in named}
@@ -96,13 +97,14 @@ class BookKeepingGradients:
         if self._recording and torch.is_grad_enabled() and output.requires_grad:
             state = self._rules[module].state
             self._records.append((module, inputs[0].detach(), output, output._version,
-                                  None if state is None else state(module)))
+                                  None if state is None else state(module),
+                                  inputs[0]._version))
 
     def _record_entry(self, owner: nn.Module, module: nn.Module, inputs: tuple,
                       output: torch.Tensor) -> None:
         z = inputs[0]
         if self._recording and torch.is_grad_enabled() and z.requires_grad:
-            self._records.append((owner, z.detach(), z, z._version, None))
+            self._records.append((owner, z.detach(), z, z._version, None, z._version))
 
     def _name(self, module: nn.Module) -> str:
         return repr(self._layer_names.get(module) or type(module).__name__)
@@ -132,7 +134,7 @@ class BookKeepingGradients:
         if weight != 1.0:
             total = total * weight
         n = losses.shape[0] if losses.dim() else 0
-        for module, a, out, version, _ in records:
+        for module, a, out, version, _, _ in records:
             if out._version != version:
                 raise ConfigError(f"book-keeping: the output of layer {self._name(module)} is "
                                   "modified in place later in the forward (e.g. "
@@ -148,10 +150,11 @@ class BookKeepingGradients:
         grads = (torch.autograd.grad(total, [r[2] for r in records], allow_unused=True)
                  if records and total.requires_grad else [None] * len(records))
         layers: dict[nn.Module, Calls] = {}
-        for (module, a, _, _, state), g in zip(records, grads):
+        for (module, a, _, _, state, a_version), g in zip(records, grads):
             if g is not None:
-                layers.setdefault(module, []).append(Call(a, g, state))
+                layers.setdefault(module, []).append(Call(a, g, state, a_version))
         for module, calls in layers.items():
+            self._check_inputs(module, calls)
             if len(calls) > 1 and not self._rules[module].concat_calls:
                 raise ConfigError(f"book-keeping: layer {self._name(module)} is called "
                                   f"{len(calls)} times in one forward; use "
@@ -201,7 +204,40 @@ class BookKeepingGradients:
                 finite = point_finite if finite is None else finite & point_finite
             for module, calls in point_layers.items():
                 layers.setdefault(module, []).extend(calls)
-        return self._clip(losses, finite, layers, factors_fn)
+        return self._clip(losses, finite, {m: self._same_inputs_merged(m, calls)
+                                           for m, calls in layers.items()}, factors_fn)
+
+    def _check_inputs(self, module: nn.Module, calls: Calls) -> None:
+        """Refuse a layer whose recorded input was modified in place after the layer read it
+        (later in the forward, or by a later evaluation point's): every rule reads it."""
+        for c in calls:
+            if c.a._version != c.version:
+                raise ConfigError(f"book-keeping: the input of layer {self._name(module)} is "
+                                  "modified in place after the layer read it; make it "
+                                  "out-of-place or use trainer.grad_sample_mode=hooks")
+
+    def _same_inputs_merged(self, module: nn.Module, calls: Calls) -> Calls:
+        """Return the calls, those reading the very same input (the data, for a first layer)
+        merged into one with their output gradients added.
+
+        A rule's per-example gradient is linear in g for a fixed input (eq. 2), so
+        ``G_i(a, g_1) + G_i(a, g_2) = G_i(a, g_1 + g_2)``: one call's work instead of two. Not
+        for a rule with a point's state (the weight standardisation's Jacobian differs between
+        points). An input modified in place after it was recorded (by a later point's
+        forward) is refused: every rule reads it.
+        """
+        self._check_inputs(module, calls)
+        if len(calls) == 1 or self._rules[module].state is not None:
+            return calls
+        merged: list[Call] = []
+        for c in calls:
+            for k, m in enumerate(merged):
+                if _same_tensor(m.a, c.a):
+                    merged[k] = Call(m.a, m.g + c.g, None, m.version)
+                    break
+            else:
+                merged.append(c)
+        return merged
 
     def _clip(self, losses: torch.Tensor, finite: torch.Tensor | None,
               layers: dict[nn.Module, Calls],
@@ -249,6 +285,12 @@ class BookKeepingGradients:
         self._handles = []
 
     close = remove_hooks
+
+
+def _same_tensor(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Return whether ``x`` and ``y`` view the same memory in the same layout (and dtype)."""
+    return (x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
+            and x.dtype == y.dtype and x.device == y.device)
 
 
 def _zero_rows(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:

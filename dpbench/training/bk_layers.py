@@ -50,11 +50,13 @@ Kept = dict  # parameter -> [B, *shape] per-example gradients a rule chose to ke
 
 
 class Call(NamedTuple):
-    """One call of a layer: its input ``a``, the gradient ``g`` at its output, and ``state``."""
+    """One call of a layer: its input ``a``, the gradient ``g`` at its output, ``state``, and
+    the version of ``a`` when it was recorded (an in-place change after it shows)."""
 
     a: Tensor
     g: Tensor
     state: Any = None
+    version: int = -1
 
 
 Calls = list[Call]
@@ -196,16 +198,20 @@ def _conv_per_example_loop(m: nn.Conv2d, calls: Calls, shape: torch.Size) -> Ten
     return out
 
 
-def _conv_patch_operands(m: nn.Conv2d, calls: Calls) -> tuple[Tensor, Tensor]:
-    """Return (patches [B*G, C/G k^2, L], output grads [B*G, O/G, L]), calls along L."""
+def _conv_patch_operands(m: nn.Conv2d, calls: Calls) -> list[tuple[Tensor, Tensor]]:
+    """Return per call (patches [B*G, C/G k^2, L], output grads [B*G, O/G, L])."""
     b, o = calls[0].g.shape[:2]
     grp = m.groups
     # one strided copy in the view's own order (a permuting copy, as einsum makes, is several
     # times slower on CPU)
-    p = _cat_spatial([_patches(m, c.a, tuple(c.g.shape[2:])).reshape(
-        b * grp, -1, c.g.shape[2] * c.g.shape[3]) for c in calls])
-    gg = _cat_spatial([c.g.reshape(b * grp, o // grp, -1) for c in calls])
-    return p, gg
+    return [(_patches(m, c.a, tuple(c.g.shape[2:])).reshape(
+        b * grp, -1, c.g.shape[2] * c.g.shape[3]), c.g.reshape(b * grp, o // grp, -1))
+        for c in calls]
+
+
+def _instantiated(operands: list[tuple[Tensor, Tensor]]) -> Tensor:
+    """Return G_i = sum_c g_c P_c^T [B*G, O/G, C/G k^2] (one bmm per call, no concatenation)."""
+    return _added([torch.bmm(gg, p.transpose(1, 2)) for p, gg in operands])
 
 
 def conv_weight_per_example(m: nn.Conv2d, calls: Calls, shape: torch.Size) -> Tensor:
@@ -215,8 +221,7 @@ def conv_weight_per_example(m: nn.Conv2d, calls: Calls, shape: torch.Size) -> Te
     length = sum(c.g.shape[2] * c.g.shape[3] for c in calls)
     if o * c_k * length >= PER_EXAMPLE_CALL_MACS:
         return _conv_per_example_loop(m, calls, shape)
-    p, gg = _conv_patch_operands(m, calls)
-    return torch.bmm(gg, p.transpose(1, 2)).view(b, *shape)
+    return _instantiated(_conv_patch_operands(m, calls)).view(b, *shape)
 
 
 def conv2d_norm_sq(m: nn.Conv2d, calls: Calls, keep: Kept | None = None) -> Tensor:
@@ -247,11 +252,13 @@ def conv2d_norm_sq(m: nn.Conv2d, calls: Calls, keep: Kept | None = None) -> Tens
             per_example = _conv_per_example_loop(m, calls, m.weight.shape)
             _keep(keep, m, per_example, calls)
             return _sq(per_example) + _conv_bias_sq(m, calls)
-        p, gg = _conv_patch_operands(m, calls)
-        if ghost:  # ghost norm is cheaper
+        operands = _conv_patch_operands(m, calls)
+        if ghost:  # ghost norm is cheaper: the calls' positions concatenated along L
+            p = _cat_spatial([op[0] for op in operands])
+            gg = _cat_spatial([op[1] for op in operands])
             per = _gram_norm_sq(p.transpose(1, 2), gg.transpose(1, 2))
-        else:  # instantiate G_i = g_i P_i^T [O/G, C/G k^2]
-            per_example = torch.bmm(gg, p.transpose(1, 2))
+        else:  # instantiate G_i = sum_c g_c P_c^T [O/G, C/G k^2]
+            per_example = _instantiated(operands)
             _keep(keep, m, per_example.view(b, *m.weight.shape), calls)
             per = _sq(per_example)
         out = out + per.view(b, grp).sum(1)

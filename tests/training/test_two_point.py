@@ -230,3 +230,36 @@ def test_per_run_check_refuses_a_two_point_path_without_cross_terms(monkeypatch)
     # auto moves on to the materialised path, which is checked on the combination too
     engine, check, rejected = build_verified_engine("auto", model, method, None, verifier())
     assert engine.mode == "hooks" and check.points == 2 and rejected[0]["engine"] == "bk"
+
+
+class _ModifiesItsInput(nn.Module):
+    """Reads x in ``fc``, then scales x in place before ``skip`` reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.skip = nn.Linear(4, 3), nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.fc(x)
+        x.mul_(2.0)
+        return h + self.skip(x)
+
+
+@pytest.mark.parametrize("two_points", [False, True])
+def test_bk_refuses_an_input_modified_in_place_after_the_layer_read_it(two_points):
+    """The rules read the recorded input: a later in-place change (in the forward, or by a
+    later evaluation point's forward) would make them compute another gradient."""
+    model = _ModifiesItsInput()
+    engine = BookKeepingGradients(model)
+
+    def loss(m, batch):
+        return m(batch[0].clone()).sum(1) if not two_points else m(batch[0]).sum(1)
+
+    x = torch.randn(3, 4)
+    with pytest.raises(ConfigError, match="modified in place after the layer read it"):
+        if two_points:
+            points = [EvalPoint(0.5), EvalPoint(0.5, [torch.zeros_like(p)
+                                                      for p in engine.params])]
+            engine.combined_clipped_sum(loss, (x, None), points, torch.ones_like)
+        else:
+            engine.ghost_clipped_sum(loss, (x, None), torch.ones_like)
