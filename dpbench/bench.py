@@ -7,6 +7,11 @@ and optimiser), divided by the median time of one non-private step (mean-loss ba
 update) on the same batch. Warm-up first, then repetitions that rotate the order of all
 variants, so drift (thermal, other load) hits each alike. The load average is printed: on a
 shared machine, compare ratios from one run only.
+
+``--models fiber_cpu`` times whole loop steps of DP-AdamW, DiSK and FIBER (release,
+post-processing, update; the methods' own optimisers) on the ``fiber_cifar10_cpu`` preset's
+model and batch in each engine mode, against DP-AdamW's book-keeping step: the cost of the
+second evaluation point. ``--models vit_small`` is the ViT preset's model at a CPU resolution.
 """
 
 from __future__ import annotations

@@ -78,6 +78,7 @@ class BookKeepingGradients:
         self._layer_names = {m: name for name, m in named}
         self._layer_norm_sq: dict[nn.Module, torch.Tensor] = {}
         self._rules = {m: rule_for(m) for m in layers}
+        self._states = {m: rule.state for m, rule in self._rules.items()}
         self._own = {m: [p for p in m.parameters(recurse=False) if p.requires_grad]
                      for m in layers}
         # first of the forward hooks: the layer's own output is recorded, before any hook of
@@ -95,7 +96,7 @@ class BookKeepingGradients:
 
     def _record(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
         if self._recording and torch.is_grad_enabled() and output.requires_grad:
-            state = self._rules[module].state
+            state = self._states[module]
             self._records.append((module, inputs[0].detach(), output, output._version,
                                   None if state is None else state(module),
                                   inputs[0]._version))
@@ -134,7 +135,9 @@ class BookKeepingGradients:
         if weight != 1.0:
             total = total * weight
         n = losses.shape[0] if losses.dim() else 0
-        for module, a, out, version, _, _ in records:
+        for module, a, out, version, _, a_version in records:
+            if a._version != a_version:
+                self._check_inputs(module, [Call(a, out, None, a_version)])
             if out._version != version:
                 raise ConfigError(f"book-keeping: the output of layer {self._name(module)} is "
                                   "modified in place later in the forward (e.g. "
@@ -154,7 +157,6 @@ class BookKeepingGradients:
             if g is not None:
                 layers.setdefault(module, []).append(Call(a, g, state, a_version))
         for module, calls in layers.items():
-            self._check_inputs(module, calls)
             if len(calls) > 1 and not self._rules[module].concat_calls:
                 raise ConfigError(f"book-keeping: layer {self._name(module)} is called "
                                   f"{len(calls)} times in one forward; use "
