@@ -263,3 +263,40 @@ def test_bk_refuses_an_input_modified_in_place_after_the_layer_read_it(two_point
             engine.combined_clipped_sum(loss, (x, None), points, torch.ones_like)
         else:
             engine.ghost_clipped_sum(loss, (x, None), torch.ones_like)
+
+
+def _disk_aggregate(model, batch, max_physical=None):
+    method = _two_point_method("disk", model)
+    ctx = _context(len(batch[1]), 0.5)
+    engine = BookKeepingGradients(model)
+    try:
+        return clipped_aggregate(method, engine, _Task(), batch, ctx, 1.0, max_physical)
+    finally:
+        engine.close()
+
+
+def test_two_point_bk_in_physical_chunks_equals_one_chunk():
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Tanh(), nn.Flatten(),
+                          nn.Linear(64, 3)).double()
+    batch = (torch.randn(7, 3, 6, 6, dtype=torch.float64), torch.randint(0, 3, (7,)))
+    whole = _disk_aggregate(copy.deepcopy(model), batch)
+    chunked = _disk_aggregate(copy.deepcopy(model), batch, max_physical=3)
+    assert_matches_reference(chunked.norms, whole.norms, per_row=True, name="norms")
+    for s, r in zip(chunked.sums, whole.sums):
+        assert_matches_reference(s, r, name="chunked sum")
+
+
+def test_two_point_bk_drops_a_nonfinite_example_exactly():
+    """A NaN example contributes 0 at both points; the others' sums are those without it."""
+    torch.manual_seed(8)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+    x, y = torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 3, (6,))
+    clean = _disk_aggregate(copy.deepcopy(model), (x[1:], y[1:]))
+    x[0, 2] = float("nan")
+    got = _disk_aggregate(copy.deepcopy(model), (x, y))
+    assert len(got.norms) == 5 and bool(torch.isfinite(got.norms).all())
+    assert_matches_reference(got.norms, clean.norms, per_row=True, name="norms")
+    for s, r in zip(got.sums, clean.sums):
+        assert bool(torch.isfinite(s).all())
+        assert_matches_reference(s, r, name="sum without the NaN example")
