@@ -552,6 +552,34 @@ def layer_scale_check(m: nn.Module) -> str | None:
     return "LayerScale(inplace=True) overwrites its input" if m.inplace else None
 
 
+# ---- a learned bias appended to the sequence: Opacus's SequenceBias ------------------------
+def _sequence_bias_grads(m: nn.Module, calls: Calls) -> dict[nn.Parameter, Tensor]:
+    """Return per-example grads of the bias appended as the last token: ``g_i[-1]``.
+
+    ``y_i = [x_i; b]`` along the token axis (batch first): the concatenation's backward gives
+    example i's gradient of b as its output gradient at the appended position, never a sum
+    over examples.
+    """
+    out = _added([c.g[:, -1] for c in calls])
+    return {m.bias: out} if m.bias.requires_grad else {}
+
+
+def sequence_bias_norm_sq(m: nn.Module, calls: Calls, keep: Kept | None = None) -> Tensor:
+    """Return per-example squared norms of a SequenceBias's gradient."""
+    return _sum_sq(_sequence_bias_grads(m, calls), calls)
+
+
+def sequence_bias_clipped(m: nn.Module, calls: Calls, f: Tensor) -> dict[nn.Parameter, Tensor]:
+    """Return sum_i f_i grad_i of a SequenceBias's bias."""
+    return _clipped_from(_sequence_bias_grads(m, calls), f)
+
+
+def sequence_bias_check(m: nn.Module) -> str | None:
+    """Refuse the time-first SequenceBias: its output has the sequence, not the example, on
+    dim 0."""
+    return None if m.batch_first else "SequenceBias(batch_first=False) is time-first"
+
+
 # ---- parameters outside layers: timm's VisionTransformer ----------------------------------
 def vit_entry(m: nn.Module) -> nn.Module:
     """Return the submodule whose input is where ViT's own parameters have entered.
@@ -665,6 +693,9 @@ NAMED_RULES: dict[str, LayerRule] = {
     "timm.layers.layer_scale.LayerScale": LayerRule(
         layer_scale_norm_sq, layer_scale_clipped, parameters=frozenset({"gamma"}),
         check=layer_scale_check),
+    "opacus.layers.dp_multihead_attention.SequenceBias": LayerRule(
+        sequence_bias_norm_sq, sequence_bias_clipped, parameters=frozenset({"bias"}),
+        check=sequence_bias_check),
     "timm.models.vision_transformer.VisionTransformer": LayerRule(
         vit_norm_sq, vit_clipped, parameters=frozenset({"cls_token", "reg_token", "pos_embed"}),
         entry=vit_entry, check=vit_check),

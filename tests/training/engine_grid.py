@@ -322,7 +322,7 @@ def sequence_bias_case(d: Draw) -> Case | None:
     with torch.no_grad():
         model.bias.bias.normal_()
     return Case(f"sequence_bias N={n} T={t} D={dim} batch_first={batch_first}", model,
-                torch.randn(n, t, dim))
+                torch.randn(n, t, dim), bk_claims=batch_first)
 
 
 class EmbeddingBagModel(nn.Module):

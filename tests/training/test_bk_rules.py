@@ -6,7 +6,8 @@ at the tolerance of ``tests/numerics.py``; removing one example must move the pr
 at most C. Covered: timm's ``VisionTransformer`` (``cls_token``, register tokens, ``pos_embed``,
 read where they enter), ``LayerScale``, ``nn.Conv1d`` (padding modes), ``nn.RMSNorm``, timm's
 ``LayerNorm2d``, ``StdConv2d`` and ``ScaledStdConv2d`` (the standardisation's Jacobian, the
-gain), and the structural guards that still refuse what no rule covers.
+gain), Opacus's ``SequenceBias`` (a learned bias appended as a token), and the structural
+guards that still refuse what no rule covers.
 """
 
 from __future__ import annotations
@@ -150,6 +151,17 @@ def test_new_layer_rules_are_exact(name, layer, shape):
     assert bk_unsupported(module) is None
     _runs_bk_exactly(grid.Case(name, module, torch.randn(shape)))
     _runs_bk_exactly(grid.Case(name, module, torch.randn(shape)), "auto")
+
+
+def test_sequence_bias_appended_token_is_exact_and_time_first_is_refused():
+    """Opacus's SequenceBias appends a learned bias as the last token: example i's gradient
+    is its output gradient there. Time-first, the output's dim 0 is the sequence: refused."""
+    from opacus.layers import SequenceBias
+    torch.manual_seed(5)
+    _runs_bk_exactly(grid.Case("SequenceBias batch_first", SequenceBias(6, batch_first=True),
+                               torch.randn(4, 3, 6)))
+    reason = bk_unsupported(SequenceBias(6, batch_first=False))
+    assert reason is not None and "time-first" in reason, reason
 
 
 def test_scaled_std_conv_gain_alone_and_frozen_weight():
