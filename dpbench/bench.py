@@ -7,6 +7,11 @@ and optimiser), divided by the median time of one non-private step (mean-loss ba
 update) on the same batch. Warm-up first, then repetitions that rotate the order of all
 variants, so drift (thermal, other load) hits each alike. The load average is printed: on a
 shared machine, compare ratios from one run only.
+
+``--models fiber_cpu`` times whole loop steps of DP-AdamW, DiSK and FIBER (release,
+post-processing, update; the methods' own optimisers) on the ``fiber_cifar10_cpu`` preset's
+model and batch in each engine mode, against DP-AdamW's book-keeping step: the cost of the
+second evaluation point. ``--models vit_small`` is the ViT preset's model at a CPU resolution.
 """
 
 from __future__ import annotations
@@ -38,6 +43,16 @@ DEFAULT_MODELS = {"mlp": ((1, 8, 8), 256, 1024), "cnn2": ((1, 28, 28), 256, 1024
 #: text models: (builder settings, as the SST-2 presets use them); not in the default set
 #: (the packaged MiniLM is a large download for a first ``make bench``)
 TEXT_MODELS = {"minilm_lora": {"layers": [4, 5]}}
+#: image models outside the default set: (registry name, builder settings, input shape, CPU
+#: batch, CUDA batch). ``vit_small`` is the ``fiber_cifar100_vit`` preset's model (timm's
+#: ViT-small, random init) at a CPU resolution: CIFAR's 32 x 32 upsampled to 64 x 64, 16
+#: patches of 16 x 16 plus the class token
+EXTRA_MODELS = {"vit_small": ("pretrained", {"arch": "vit_small", "weights": False,
+                                             "resolution": 64}, (3, 32, 32), 32, 256)}
+#: method comparisons: one step of each method under book-keeping on a preset's model and
+#: batch, against DP-AdamW's bk step (the first). ``fiber_cpu`` is ``fiber_cifar10_cpu``: the
+#: 2-layer CNN on 3 x 32 x 32 images, B 256; DiSK and FIBER take two evaluation points
+METHOD_MODELS = {"fiber_cpu": ("cnn2", (3, 32, 32), 256, 1024, ("dpadamw", "disk", "fiber"))}
 CACHED = "dpbench bk + prefix cache"
 DPBENCH_MODES = tuple(m for m in GRAD_SAMPLE_MODES if m != "auto")
 OPACUS_MODES = ("hooks", "ghost")
@@ -89,6 +104,57 @@ def _dpbench_step(model, mode: str, batch, device, collective: Collective | None
                                   collective=collective)
         method.update(release.grads, ctx)
     return step
+
+
+def _method_step(model, method_name: str, mode: str, batch, device) -> Callable[[], None]:
+    """Return one loop step of ``method_name`` (its YAML's optimiser and default settings):
+    release, post-processing, update. Call it once before timing: DiSK and FIBER take their
+    second evaluation point from the second step on (theta_{t-1} is then known)."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from dpbench.methods.base import RunInfo
+    from dpbench.utils.conf import CONF_DIR
+
+    task = _task(batch)
+    engine = build_engine(model, mode)
+    node = OmegaConf.load(os.path.join(CONF_DIR, "method", f"{method_name}.yaml")).optimizer
+    method = get_method(method_name)(optimizer=instantiate(node))
+    size = batch[0].shape[0]
+    info = RunInfo(dataset_size=size * 100, expected_batch_size=float(size), sample_rate=0.01,
+                   total_steps=100, noise_multiplier=1.0, clip_norm=1.0, private=True,
+                   task="classification",
+                   device=device)
+    method.setup(engine.params, info)
+    gen = torch.Generator(device=device).manual_seed(0)
+    ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=1.0,
+                      expected_batch_size=float(size), sample_rate=0.01,
+                      dataset_size=size * 100, total_steps=100, generator=gen,
+                      noise_std=1.0 / size)
+
+    def step() -> None:
+        release = private_release(method, engine, task, batch, ctx, 1.0, None)
+        method.update(method.postprocess(release.grads, ctx), ctx)
+        ctx.step += 1
+    return step
+
+
+def bench_methods(name: str, modes: list[str], batch: int, device: torch.device, reps: int,
+                  warmup: int, clock: Callable[[], float] = time.perf_counter
+                  ) -> dict[str, float]:
+    """Return the median step time (s) of "nonprivate" and "<method> <mode>" for each method of
+    ``METHOD_MODELS[name]`` and engine mode, repetitions interleaved (as ``bench_model``)."""
+    model_name, shape, _, _, methods = METHOD_MODELS[name]
+    torch.manual_seed(0)
+    base = get_model_builder(model_name)(shape, 10).to(device)
+    data = (torch.randn(batch, *shape, device=device),
+            torch.randint(0, 10, (batch,), device=device))
+    steps: dict[str, Callable[[], None]] = {"nonprivate": _nonprivate_step(base, data)}
+    for method in methods:
+        for mode in modes:
+            steps[f"{method} {mode}"] = _method_step(copy.deepcopy(base), method, mode, data,
+                                                     device)
+    return _time_steps(steps, {}, reps, max(warmup, 1), device, clock)
 
 
 def _cached_step(model, batch, device) -> Callable[[], None]:
@@ -152,6 +218,14 @@ def bench_model(name: str, modes: list[str], opacus_modes: list[str], batch: int
             steps[f"opacus {mode}"] = _opacus_step(copy.deepcopy(base), mode, data)
         except Exception as err:
             failed[f"opacus {mode}"] = type(err).__name__
+    return _time_steps(steps, failed, reps, warmup, device, clock)
+
+
+def _time_steps(steps: dict[str, Callable[[], None]], failed: dict[str, str], reps: int,
+                warmup: int, device: torch.device,
+                clock: Callable[[], float]) -> dict[str, float]:
+    """Return the median time of each step (warm-up first, the order rotating per
+    repetition); failed variants map to nan."""
     times: dict[str, list[float]] = {k: [] for k in steps}
 
     def timed(fn) -> float:
@@ -211,6 +285,11 @@ def summarise_rounds(rounds: list[dict[str, float]]) -> dict[str, tuple[float, s
 def _model_and_batch(name: str, shape, batch: int, device: torch.device):
     """Return (model, batch): random images and 10 labels, or token ids of length shape[0]
     with padded tails and 2 labels for a text model."""
+    if name in EXTRA_MODELS:
+        builder, settings = EXTRA_MODELS[name][:2]
+        model = get_model_builder(builder)(shape, 10, **settings).to(device)
+        return model, (torch.randn(batch, *shape, device=device),
+                       torch.randint(0, 10, (batch,), device=device))
     if name not in TEXT_MODELS:
         model = get_model_builder(name)(shape, 10).to(device)
         return model, (torch.randn(batch, *shape, device=device),
@@ -230,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
                     "grad-sample modes and raw Opacus make_private, measured in one process "
                     "(warm-up, interleaved repetitions).")
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS),
-                        choices=[*DEFAULT_MODELS, *TEXT_MODELS])
+                        choices=[*DEFAULT_MODELS, *TEXT_MODELS, *EXTRA_MODELS, *METHOD_MODELS],
+                        help=f"{', '.join(METHOD_MODELS)}: the methods of a preset on its "
+                             "model, each against DP-AdamW's step in the same engine mode")
     parser.add_argument("--modes", nargs="+", default=list(DPBENCH_MODES),
                         choices=list(DPBENCH_MODES), help="dpbench grad-sample modes")
     parser.add_argument("--opacus-modes", nargs="*", default=list(OPACUS_MODES),
@@ -271,12 +352,25 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"clock {args.clock}, load average {load[0]:.1f} (cpus {os.cpu_count()})")
-    print("| model | variant | batch | ms / step | / non-private | / best Opacus |")
-    print("|---|---|---|---|---|---|")
+    if any(name not in METHOD_MODELS for name in args.models):
+        print("| model | variant | batch | ms / step | / non-private | / best Opacus |")
+        print("|---|---|---|---|---|---|")
+    method_rows = []
     for name in args.models:
+        if name in METHOD_MODELS:
+            _, _, b_cpu, b_gpu, methods = METHOD_MODELS[name]
+            batch = args.batch_size or (b_gpu if device.type == "cuda" else b_cpu)
+            modes = [m for m in args.modes if m in ("bk", "hooks", "functorch")] or ["bk"]
+            rounds = [bench_methods(name, modes, batch, device, args.reps, args.warmup, clock)
+                      for _ in range(args.rounds)]
+            method_rows.append((name, batch, methods, modes, rounds))
+            continue
         shape, b_cpu, b_gpu = DEFAULT_MODELS.get(name, ((32,), 64, 256))  # text: SST-2's
+        if name in EXTRA_MODELS:
+            shape, b_cpu, b_gpu = EXTRA_MODELS[name][2:]
         batch = args.batch_size or (b_gpu if device.type == "cuda" else b_cpu)
-        reps = args.reps if name != "resnet18" or device.type == "cuda" else min(args.reps, 6)
+        heavy = name in ("resnet18", *EXTRA_MODELS) and device.type != "cuda"
+        reps = min(args.reps, 6) if heavy else args.reps
         rounds = [bench_model(name, args.modes, args.opacus_modes, batch, shape, device, reps,
                               args.warmup, clock) for _ in range(args.rounds)]
         for key, (t, vs_base, vs_best) in summarise_rounds(rounds).items():
@@ -285,6 +379,18 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(f"| {name} | {key} | {batch} | {1e3 * t:.1f} | {vs_base} | {vs_best} |",
                   flush=True)
+    for name, batch, methods, modes, rounds in method_rows:
+        ref = f"{methods[0]} {'bk' if 'bk' in modes else modes[0]}"
+        print(f"\n| {name} | method | engine | batch | ms / step | / non-private | / {ref} |")
+        print("|---|---|---|---|---|---|---|")
+        for method in methods:
+            for mode in modes:
+                key = f"{method} {mode}"
+                t = statistics.median(r[key] for r in rounds)
+                vs_base = _ratio([r[key] / r["nonprivate"] for r in rounds])
+                vs_ref = _ratio([r[key] / r[ref] for r in rounds])
+                print(f"| {name} | {method} | {mode} | {batch} | {1e3 * t:.1f} | {vs_base} | "
+                      f"{vs_ref} |", flush=True)
     if args.processes:
         _print_processes(args, device)
     return 0
@@ -298,8 +404,8 @@ def _print_processes(args: argparse.Namespace, device: torch.device) -> None:
     print(f"\n| model | variant | batch | ms / step (1 process) | ms / step ({k} processes) "
           f"| {k} / 1 |")
     print("|---|---|---|---|---|---|")
-    for name in args.models:
-        shape, b_cpu, b_gpu = DEFAULT_MODELS.get(name, ((32,), 64, 256))
+    for name in (m for m in args.models if m in DEFAULT_MODELS):  # the image models
+        shape, b_cpu, b_gpu = DEFAULT_MODELS[name]
         batch = args.batch_size or (b_gpu if device.type == "cuda" else b_cpu)
         rounds = bench_processes(name, "bk", batch, shape, k, args.reps, args.warmup,
                                  args.rounds, device.type, args.threads or 1)

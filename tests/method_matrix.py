@@ -67,14 +67,14 @@ ENGINE_MODES = ("hooks", "bk")
 
 def method_mode_params() -> list:
     """Return pytest params (method, grad-sample mode): each private method under every engine
-    it can use (book-keeping needs one evaluation point), a non-private one once."""
+    it can use, a non-private one once."""
     params = []
     for name in all_methods():
         method = get_method(name)
         modes = ENGINE_MODES if method.private else ENGINE_MODES[:1]
         for mode in modes:
             if mode == "bk" and method.needs_per_example_grads:
-                continue  # multi-point: refused in bk (tested), runs under hooks
+                continue  # reads materialised gradients: refused in bk, runs under hooks
             params.append(pytest.param(name, mode, id=f"{name}-{mode}"))
     return params
 

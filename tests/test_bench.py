@@ -70,3 +70,26 @@ def test_bad_options_are_one_line_before_any_timing(argv, key, capsys):
     captured = capsys.readouterr()
     assert exit_info.value.code == 2 and key in captured.err
     assert "| model |" not in captured.out  # refused before the table (and any timing)
+
+
+def test_bench_method_rows_time_two_point_methods_against_dp_adamw():
+    """FIBER's CPU preset: DP-AdamW, DiSK and FIBER steps under bk (two points from the
+    second step on, after the warm-up) in one process, with the non-private step."""
+    from dpbench.bench import bench_methods
+
+    r = bench_methods("fiber_cpu", ["bk"], 4, torch.device("cpu"), reps=1, warmup=1)
+    assert set(r) == {"nonprivate", "dpadamw bk", "disk bk", "fiber bk"}
+    assert all(math.isfinite(v) and v > 0 for v in r.values())
+
+
+def test_bench_method_table_and_vit_rows(capsys):
+    threads = torch.get_num_threads()
+    try:
+        code = main(["--models", "fiber_cpu", "vit_small", "--modes", "bk", "--opacus-modes",
+                     "--batch-size", "2", "--reps", "1", "--warmup", "1", "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "| vit_small | dpbench bk | 2 |" in out
+    assert "| fiber_cpu | fiber | bk | 2 |" in out and "/ dpadamw bk |" in out

@@ -127,7 +127,8 @@ class DPMethod:
     private: ClassVar[bool] = True
     #: task kinds this method supports (None: every task).
     tasks: ClassVar[frozenset[str] | None] = None
-    #: per-example gradients must be materialised (multi-point combination needs them).
+    #: the method reads materialised per-example gradients itself (a combination of several
+    #: evaluation points does not need them: the loop forms it, under bk and hooks alike).
     needs_per_example_grads: ClassVar[bool] = False
     #: the dataclass of ``method.settings``: keys, types, defaults, range checks (the one source)
     settings_cls: ClassVar[type] = NoSettings

@@ -42,7 +42,11 @@ class DiSKSettings:
 class TwoPointObservation(DPMethod):
     """Stages 2 and 8 of DiSK/FIBER: the points theta and theta + gamma d, and theta_{t-1}."""
 
-    needs_per_example_grads = True  # the two points are combined per example before clipping
+    # the two points are combined per example before clipping (``u_i`` above): book-keeping
+    # forms ||u_i|| and sum_i f_i u_i from both points' activations and output gradients
+    # (cross terms included) and Opacus hooks from materialised gradients; neither needs the
+    # method to read per-example gradients itself
+    needs_per_example_grads = False
 
     def __init__(self, optimizer=None, **settings: Any) -> None:
         super().__init__(optimizer, **settings)

@@ -14,19 +14,24 @@ parameter gradient is formed) yields the output gradients ``g``. Then, per layer
 
 Neither a second backward (ghost clipping) nor a B x params tensor (Opacus hooks) is made.
 The engine has the interface of ``PerExampleGradients`` in ghost mode: methods that need only
-norms and factors use it; multi-point methods keep materialised per-example gradients.
+norms and factors use it. Methods that combine per-example gradients of several evaluation
+points before clipping (DiSK, FIBER, IVON with several samples) use ``combined_clipped_sum``:
+one forward and backward per point, and the per-layer rules form the norm of the combination,
+cross terms included, from the recorded activations and output gradients (``bk_layers``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from dpbench.errors import ConfigError
-from dpbench.training.bk_layers import rule_for, unsupported_reason
+from dpbench.training.bk_layers import Call, Calls, rule_for, unsupported_reason
+from dpbench.utils.tensors import parameters_at
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -51,7 +56,7 @@ def bk_unsupported(model: nn.Module) -> str | None:
 
 
 class BookKeepingGradients:
-    """Hooks a model once; returns clipped sums, norms and factors from one backward."""
+    """Hooks a model once; returns clipped sums, norms and factors from one backward per point."""
 
     mode = "bk"
 
@@ -61,24 +66,46 @@ class BookKeepingGradients:
             raise ConfigError(f"trainer.grad_sample_mode=bk cannot run this model ({reason}); "
                               "use trainer.grad_sample_mode=hooks or auto")
         self.module = model
+        #: the run combines several evaluation points (the per-run check checks that path too)
+        self.combines_points = False
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
         self._recording = False
-        self._records: list[tuple[nn.Module, torch.Tensor, torch.Tensor, int]] = []
+        #: (layer, its input, its output, the output's version, state, the input's version)
+        self._records: list[tuple[nn.Module, torch.Tensor, torch.Tensor, int, Any, int]] = []
         named = trainable_layers(model)
         layers = [m for _, m in named]
         self._layer_names = {m: name for name, m in named}
         self._layer_norm_sq: dict[nn.Module, torch.Tensor] = {}
         self._rules = {m: rule_for(m) for m in layers}
+        self._states = {m: rule.state for m, rule in self._rules.items()}
         self._own = {m: [p for p in m.parameters(recurse=False) if p.requires_grad]
                      for m in layers}
         # first of the forward hooks: the layer's own output is recorded, before any hook of
-        # the model's replaces it (the rules need the gradient with respect to that output)
-        self._handles = [m.register_forward_hook(self._record, prepend=True) for m in layers]
+        # the model's replaces it (the rules need the gradient with respect to that output).
+        # Parameters that enter outside a layer (a ViT's pos_embed) are read at the input of
+        # their rule's entry module, where they have been added.
+        self._handles = []
+        for m in layers:
+            entry = self._rules[m].entry
+            if entry is None:
+                self._handles.append(m.register_forward_hook(self._record, prepend=True))
+            else:
+                self._handles.append(entry(m).register_forward_hook(
+                    functools.partial(self._record_entry, m), prepend=True))
 
     def _record(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
         if self._recording and torch.is_grad_enabled() and output.requires_grad:
-            self._records.append((module, inputs[0].detach(), output, output._version))
+            state = self._states[module]
+            self._records.append((module, inputs[0].detach(), output, output._version,
+                                  None if state is None else state(module),
+                                  inputs[0]._version))
+
+    def _record_entry(self, owner: nn.Module, module: nn.Module, inputs: tuple,
+                      output: torch.Tensor) -> None:
+        z = inputs[0]
+        if self._recording and torch.is_grad_enabled() and z.requires_grad:
+            self._records.append((owner, z.detach(), z, z._version, None, z._version))
 
     def _name(self, module: nn.Module) -> str:
         return repr(self._layer_names.get(module) or type(module).__name__)
@@ -87,8 +114,11 @@ class BookKeepingGradients:
         raise ConfigError("book-keeping forms clipped sums, not per-example gradients; this "
                           "method needs them: use trainer.grad_sample_mode=hooks (or auto)")
 
-    def _forward_backward(self, loss_fn: LossFn, batch):
-        """Return (losses, loss finite mask, {module: (a, g)}) after one forward + backward."""
+    def _forward_backward(self, loss_fn: LossFn, batch, weight: float = 1.0):
+        """Return (losses, loss finite mask, {module: [calls]}) after one forward + backward.
+
+        ``weight`` scales the output gradients (a point's weight in a combination).
+        """
         self._records = []
         self._recording = True
         try:
@@ -102,8 +132,12 @@ class BookKeepingGradients:
             # a non-finite loss contributes 0: masked before the backward (and its factor is 0)
             finite = torch.isfinite(losses.detach())
             total = torch.where(finite, losses, torch.zeros_like(losses)).sum()
+        if weight != 1.0:
+            total = total * weight
         n = losses.shape[0] if losses.dim() else 0
-        for module, a, out, version in records:
+        for module, a, out, version, _, a_version in records:
+            if a._version != a_version:
+                self._check_inputs(module, [Call(a, out, None, a_version)])
             if out._version != version:
                 raise ConfigError(f"book-keeping: the output of layer {self._name(module)} is "
                                   "modified in place later in the forward (e.g. "
@@ -118,25 +152,18 @@ class BookKeepingGradients:
                     "that keep the example on dim 0 of every layer are supported")
         grads = (torch.autograd.grad(total, [r[2] for r in records], allow_unused=True)
                  if records and total.requires_grad else [None] * len(records))
-        layers: dict[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        for (module, a, _, _), g in zip(records, grads):
+        layers: dict[nn.Module, Calls] = {}
+        for (module, a, _, _, state, a_version), g in zip(records, grads):
             if g is not None:  # bf16-mixed: norms and sums in the parameters' float32
                 dtype = self._own[module][0].dtype
-                layers.setdefault(module, []).append((_as_dtype(a, dtype), _as_dtype(g, dtype)))
-        return losses.detach(), finite, {m: self._merge(m, calls) for m, calls in layers.items()}
-
-    def _merge(self, module: nn.Module, calls: list[tuple[torch.Tensor, torch.Tensor]]):
-        """Return one (a, g) per layer; a layer called k times has G_i = sum of k terms."""
-        if len(calls) == 1:
-            return calls[0]
-        if not self._rules[module].concat_calls:
-            raise ConfigError(f"book-keeping: layer {self._name(module)} is called "
-                              f"{len(calls)} times in one forward; use "
-                              "trainer.grad_sample_mode=hooks")
-        b = calls[0][0].shape[0]
-        a = torch.cat([c[0].reshape(b, -1, c[0].shape[-1]) for c in calls], dim=1)
-        g = torch.cat([c[1].reshape(b, -1, c[1].shape[-1]) for c in calls], dim=1)
-        return a, g
+                layers.setdefault(module, []).append(
+                    Call(_as_dtype(a, dtype), _as_dtype(g, dtype), state, a_version))
+        for module, calls in layers.items():
+            if len(calls) > 1 and not self._rules[module].concat_calls:
+                raise ConfigError(f"book-keeping: layer {self._name(module)} is called "
+                                  f"{len(calls)} times in one forward; use "
+                                  "trainer.grad_sample_mode=hooks")
+        return losses.detach(), finite, layers
 
     def ghost_clipped_sum(
         self, loss_fn: LossFn, batch, factors_fn: Callable[[torch.Tensor], torch.Tensor]
@@ -149,9 +176,80 @@ class BookKeepingGradients:
         clipped sums (0 * inf would be NaN), so no second pass is needed.
         """
         losses, finite, layers = self._forward_backward(loss_fn, batch)
+        return self._clip(losses, finite, layers, factors_fn)
+
+    def combined_clipped_sum(
+        self, loss_fn: LossFn, batch, points: Sequence[Any],
+        factors_fn: Callable[[torch.Tensor], torch.Tensor]
+    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return ``ghost_clipped_sum``'s values for ``d_i = sum_k w_k g_i(theta + delta_k)``.
+
+        DiSK's observation ``u_i = (1 - a) g_i(theta) + a g_i(theta + gamma d)`` (Zhang et al.
+        2024, their observation u_t, docs/fiber-disk-adambc.md; FIBER's alike) and IVON's
+        average over posterior samples.
+
+        ``points`` are the method's evaluation points (``weight`` w_k, ``offsets`` delta_k or
+        None). One forward and one backward per point, each with its output gradients scaled
+        by w_k; each layer's calls at the points are then one call list, whose rule gives
+        ``||d_i||^2`` with the cross terms ``2 w_k w_l <g_i(x_k), g_i(x_l)>`` (the ghost
+        inner products of the module doc) and the clipped sum ``sum_i f_i d_i`` as one
+        re-weighted weight gradient per point. No per-example gradient is materialised. An
+        example is dropped if its loss is non-finite at any point (or its norm is); the losses
+        returned are those of the first point, as the materialised path reports them.
+        """
+        losses, finite, layers = None, None, {}
+        for point in points:
+            with parameters_at(self.params, point.offsets):
+                point_losses, point_finite, point_layers = self._forward_backward(
+                    loss_fn, batch, point.weight)
+            if losses is None:
+                losses = point_losses
+            if point_finite is not None:
+                finite = point_finite if finite is None else finite & point_finite
+            for module, calls in point_layers.items():
+                layers.setdefault(module, []).extend(calls)
+        return self._clip(losses, finite, {m: self._same_inputs_merged(m, calls)
+                                           for m, calls in layers.items()}, factors_fn)
+
+    def _check_inputs(self, module: nn.Module, calls: Calls) -> None:
+        """Refuse a layer whose recorded input was modified in place after the layer read it
+        (later in the forward, or by a later evaluation point's): every rule reads it."""
+        for c in calls:
+            if c.a._version != c.version:
+                raise ConfigError(f"book-keeping: the input of layer {self._name(module)} is "
+                                  "modified in place after the layer read it; make it "
+                                  "out-of-place or use trainer.grad_sample_mode=hooks")
+
+    def _same_inputs_merged(self, module: nn.Module, calls: Calls) -> Calls:
+        """Return the calls, those reading the very same input (the data, for a first layer)
+        merged into one with their output gradients added.
+
+        A rule's per-example gradient is linear in g for a fixed input (eq. 2), so
+        ``G_i(a, g_1) + G_i(a, g_2) = G_i(a, g_1 + g_2)``: one call's work instead of two. Not
+        for a rule with a point's state (the weight standardisation's Jacobian differs between
+        points). An input modified in place after it was recorded (by a later point's
+        forward) is refused: every rule reads it.
+        """
+        self._check_inputs(module, calls)
+        if len(calls) == 1 or self._rules[module].state is not None:
+            return calls
+        merged: list[Call] = []
+        for c in calls:
+            for k, m in enumerate(merged):
+                if _same_tensor(m.a, c.a):
+                    merged[k] = Call(m.a, m.g + c.g, None, m.version)
+                    break
+            else:
+                merged.append(c)
+        return merged
+
+    def _clip(self, losses: torch.Tensor, finite: torch.Tensor | None,
+              layers: dict[nn.Module, Calls],
+              factors_fn: Callable[[torch.Tensor], torch.Tensor]):
+        """Return (sums, norms, factors, kept losses, kept) from the layers' calls."""
         kept_grads: dict[nn.Parameter, torch.Tensor] = {}  # instantiated per-example grads
-        self._layer_norm_sq = {m: self._rules[m].norm_sq(m, a, g, kept_grads)
-                               for m, (a, g) in layers.items()}
+        self._layer_norm_sq = {m: self._rules[m].norm_sq(m, calls, kept_grads)
+                               for m, calls in layers.items()}
         norm_sq = sum(self._layer_norm_sq.values()) if layers else torch.zeros_like(losses)
         norms = norm_sq.sqrt()
         if finite is None and bool(torch.isfinite(norm_sq.sum())):
@@ -161,16 +259,17 @@ class BookKeepingGradients:
             ok = torch.isfinite(norms) if finite is None else finite & torch.isfinite(norms)
             norms = torch.where(ok, norms, torch.zeros_like(norms))
             factors = torch.where(ok, factors_fn(norms).to(norms.dtype), torch.zeros_like(norms))
-            layers = {m: (_zero_rows(a, ok), _zero_rows(g, ok)) for m, (a, g) in layers.items()}
+            layers = {m: [Call(_zero_rows(c.a, ok), _zero_rows(c.g, ok), c.state)
+                          for c in calls] for m, calls in layers.items()}
             self._layer_norm_sq = {m: torch.where(ok, v, torch.zeros_like(v))
                                    for m, v in self._layer_norm_sq.items()}
             kept_grads = {p: _zero_rows(v, ok) for p, v in kept_grads.items()}
             kept = ok.cpu()
             losses = losses[ok]
         sums = {p: torch.einsum("b,b...->...", factors, v) for p, v in kept_grads.items()}
-        for module, (a, g) in layers.items():
+        for module, calls in layers.items():
             if not all(p in kept_grads for p in self._own[module]):
-                sums.update(self._rules[module].clipped(module, a, g, factors))
+                sums.update(self._rules[module].clipped(module, calls, factors))
         zeros = torch.zeros_like
         out = [sums[p] if p in sums else zeros(p) for p in self.params]
         return out, norms, factors, losses, kept
@@ -195,6 +294,12 @@ class BookKeepingGradients:
 def _as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Return floating ``x`` in ``dtype`` (indices, e.g. an embedding's input, as they are)."""
     return x.to(dtype) if x.is_floating_point() and x.dtype != dtype else x
+
+
+def _same_tensor(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Return whether ``x`` and ``y`` view the same memory in the same layout (and dtype)."""
+    return (x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
+            and x.dtype == y.dtype and x.device == y.device)
 
 
 def _zero_rows(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:

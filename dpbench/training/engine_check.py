@@ -17,6 +17,13 @@ from the model's dtype:
    weight used outside its layer or examples folded into another axis change it, even where
    an engine's norms happen to agree).
 
+A method that combines per-example gradients of several evaluation points before clipping
+(DiSK, FIBER, IVON with samples; the engine's ``combines_points``) is checked on such a
+combination too: ``d_i = w_1 g_i(theta) + w_2 g_i(theta + delta)`` with the fixed weights
+``TWO_POINT_WEIGHTS`` and a fixed small ``delta``, its norms, clipped and unclipped sums from the
+engine's own multi-point path (book-keeping's cross terms; the materialised gradients of each
+point under Opacus) against the same combination of plain-autograd gradients at both points.
+
 Which examples: the first rows of the training set whose loss and gradient are finite, so no
 sampling or noise stream is drawn.
 The global RNG and the task's stream are saved and restored around the check, and every
@@ -41,7 +48,7 @@ from torch.utils.data import default_collate
 from dpbench.errors import ConfigError
 from dpbench.training.checkpoint import rng_state, set_rng_state
 from dpbench.training.per_example import flat_norms
-from dpbench.utils.tensors import move_to
+from dpbench.utils.tensors import move_to, parameters_at
 
 #: examples whose gradients are checked one at a time
 CHECK_EXAMPLES = 4
@@ -53,7 +60,33 @@ MAX_TOLERANCE = 0.25
 #: a parameter whose reference sum is below this fraction of the whole sum's norm is compared
 #: against that floor (an exactly zero reference, e.g. LoRA's A under B = 0, has no scale)
 FLOOR = 1e-3
+#: the weights (w_1, w_2) of the two-point check; one negative, so a wrong sign of the cross
+#: term shows
+TWO_POINT_WEIGHTS = (-0.5, 1.5)
+#: delta_p = DELTA_SCALE * rms(p) * N(0, 1) per parameter (a fixed draw, seed DELTA_SEED)
+DELTA_SCALE = 0.05
+DELTA_SEED = 20241
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class CheckPoint:
+    """One evaluation point of the two-point check (the interface of ``EvalPoint``)."""
+
+    weight: float = 1.0
+    offsets: Sequence[torch.Tensor] | None = None
+
+
+def check_points(params: Sequence[torch.Tensor]) -> list[CheckPoint]:
+    """Return the two points of the two-point check: theta and theta + delta (fixed draw)."""
+    gen = torch.Generator().manual_seed(DELTA_SEED)
+    offsets = []
+    for p in params:
+        noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+        rms = float(p.detach().double().pow(2).mean().sqrt()) if p.numel() else 0.0
+        offsets.append((DELTA_SCALE * (rms or 1.0) * noise).to(p.device, p.dtype))
+    w1, w2 = TWO_POINT_WEIGHTS
+    return [CheckPoint(w1), CheckPoint(w2, offsets)]
 
 
 def check_tolerance(dtype: torch.dtype) -> float:
@@ -73,6 +106,8 @@ class EngineCheck:
     seconds: float = 0.0
     #: what the engine raised on the check's examples (a refusal or a crash), if it did
     error: str | None = None
+    #: evaluation points of the path checked: 1, or 2 for a method combining points
+    points: int = 1
 
     @property
     def passed(self) -> bool:
@@ -140,10 +175,14 @@ def check_rows(dataset: Any, device: torch.device, rows: Sequence[int]) -> Any:
 
 
 def _reference(model: nn.Module, params: Sequence[torch.Tensor], loss_fn: LossFn, batch,
-               streams: _Streams) -> tuple[torch.Tensor, list[list[torch.Tensor]],
-                                           list[torch.Tensor]]:
-    """Return (kept mask, per-example gradients, summed gradient) by plain autograd."""
-    streams.reset()
+               streams: _Streams, reset: bool = True) -> tuple[
+                   torch.Tensor, list[list[torch.Tensor]], list[torch.Tensor]]:
+    """Return (kept mask, per-example gradients, summed gradient) by plain autograd.
+
+    ``reset=False`` continues the RNG streams where the previous forward left them (the
+    second point of a combination, as the engines' multi-point paths draw)."""
+    if reset:
+        streams.reset()
     losses = loss_fn(model, batch)
     n = losses.shape[0]
     finite = torch.isfinite(losses.detach()).cpu()
@@ -169,21 +208,45 @@ def _reference(model: nn.Module, params: Sequence[torch.Tensor], loss_fn: LossFn
     return kept, grads, total
 
 
-def _engine_sums(engine: Any, loss_fn: LossFn, batch, clip: float,
-                 streams: _Streams) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor],
-                                             list[torch.Tensor]]:
-    """Return (norms, kept, clipped sums, unclipped sums) as the engine computes them."""
+def _materialised(engine: Any, loss_fn: LossFn, batch,
+                  points: Sequence[CheckPoint] | None) -> tuple[list[torch.Tensor],
+                                                                torch.Tensor]:
+    """Return an Opacus engine's per-example gradients (of the points' combination) and the
+    losses (of the first point), combined as the loop's release combines them."""
+    if points is None:
+        return engine.per_example(loss_fn, batch)
+    combined, first_losses, kept = None, None, None
+    for point in points:
+        with parameters_at(engine.params, point.offsets):
+            grads, losses = engine.per_example(loss_fn, batch)
+        finite = torch.isfinite(losses)
+        kept = finite if kept is None else kept & finite
+        first_losses = losses if first_losses is None else first_losses
+        scaled = [point.weight * g for g in grads]
+        combined = scaled if combined is None else [c + g for c, g in zip(combined, scaled)]
+    return combined, torch.where(kept, first_losses, torch.full_like(first_losses, math.nan))
+
+
+def _engine_sums(engine: Any, loss_fn: LossFn, batch, clip: float, streams: _Streams,
+                 points: Sequence[CheckPoint] | None = None) -> tuple[
+                     torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """Return (norms, kept, clipped sums, unclipped sums) as the engine computes them, of one
+    point or (``points``) of the points' combination."""
     def clip_factors(norms: torch.Tensor) -> torch.Tensor:
         return (clip / norms.clamp_min(1e-30)).clamp(max=1.0)
 
     if engine.mode in ("bk", "ghost"):
-        streams.reset()
-        clipped, norms, _, _, kept = engine.ghost_clipped_sum(loss_fn, batch, clip_factors)
-        streams.reset()
-        unclipped, _, _, _, _ = engine.ghost_clipped_sum(loss_fn, batch, torch.ones_like)
+        def sums(factors_fn):
+            streams.reset()
+            if points is None:
+                return engine.ghost_clipped_sum(loss_fn, batch, factors_fn)
+            return engine.combined_clipped_sum(loss_fn, batch, points, factors_fn)
+
+        clipped, norms, _, _, kept = sums(clip_factors)
+        unclipped, _, _, _, _ = sums(torch.ones_like)
         return norms, kept.cpu(), clipped, unclipped
     streams.reset()
-    grads, losses = engine.per_example(loss_fn, batch)
+    grads, losses = _materialised(engine, loss_fn, batch, points)
     norms = flat_norms(grads)
     kept = (torch.isfinite(norms) & torch.isfinite(losses)).cpu()
     mask = kept.to(norms.device)
@@ -221,6 +284,7 @@ class EngineVerifier:
         self.examples = examples
         self.streams = _Streams(task, generator)
         self._reference: tuple | None = None
+        self._combined: tuple | None = None  # the two-point reference, when one is checked
         self.reference_seconds = 0.0
 
     @contextlib.contextmanager
@@ -282,16 +346,53 @@ class EngineVerifier:
             rows = [r for r, ok in zip(rows, kept.tolist()) if ok]
         return None
 
-    def check(self, engine: Any) -> EngineCheck:
-        """Return the comparison of ``engine`` with the reference (``passed`` False: refuse)."""
+    def _prepare_combined(self, engine: Any) -> None:
+        """Compute the two-point reference: w_1 g_i(theta) + w_2 g_i(theta + delta)."""
+        if self._combined is not None:
+            return
+        start_time = time.perf_counter()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        batch = self._reference[0]
+        points = check_points(params)
+        parts = []
+        with self._session(), _hooks_off(engine):
+            for k, point in enumerate(points):
+                with parameters_at(params, point.offsets):
+                    parts.append(_reference(self.model, params, self.loss_fn, batch,
+                                            self.streams, reset=k == 0))
+        kept = parts[0][0] & parts[1][0]
+        (w1, w2), (_, g1, t1), (_, g2, t2) = TWO_POINT_WEIGHTS, parts[0], parts[1]
+        grads = [[w1 * a + w2 * b for a, b in zip(r1, r2)] for r1, r2 in zip(g1, g2)]
+        total = [w1 * a + w2 * b for a, b in zip(t1, t2)]
+        self._combined = (batch, kept, grads, total, points)
+        self.reference_seconds += time.perf_counter() - start_time
+
+    def check(self, engine: Any, combined: bool | None = None) -> EngineCheck:
+        """Return the comparison of ``engine`` with the reference (``passed`` False: refuse).
+
+        ``combined`` (default: the engine's ``combines_points``) also checks the engine's
+        two-point path (the module doc); both must pass.
+        """
+        combined = getattr(engine, "combines_points", False) if combined is None else combined
         self.prepare(engine)
+        if combined:
+            self._prepare_combined(engine)
         start_time = time.perf_counter()
         dtype = engine.params[0].dtype if engine.params else torch.float32
-        check = EngineCheck(engine=engine.mode, examples=0, tolerance=check_tolerance(dtype))
+        check = EngineCheck(engine=engine.mode, examples=0, tolerance=check_tolerance(dtype),
+                            points=2 if combined else 1)
         batch, kept, grads, total = self._reference
         with self._session():
             _compare(check, engine, self.loss_fn, batch, self.streams, list(engine.names),
                      kept, grads, total)
+            if combined and check.passed:
+                two = EngineCheck(engine=engine.mode, examples=0, tolerance=check.tolerance)
+                batch, kept, grads, total, points = self._combined
+                _compare(two, engine, self.loss_fn, batch, self.streams,
+                         list(engine.names), kept, grads, total, points)
+                check.worst_error = max(check.worst_error, two.worst_error)
+                check.error = two.error
+                check.failures = [f"{f} (two-point combination)" for f in two.failures]
         check.seconds = time.perf_counter() - start_time + self.reference_seconds
         self.reference_seconds = 0.0  # counted once, with the first engine checked
         return check
@@ -305,7 +406,7 @@ def verify_engine(engine: Any, model: nn.Module, loss_fn: LossFn, dataset: Any,
 
 def _compare(check: EngineCheck, engine: Any, loss_fn: LossFn, batch, streams: _Streams,
              names: list[str], kept_ref: torch.Tensor, grads: list[list[torch.Tensor]],
-             total: list[torch.Tensor]) -> None:
+             total: list[torch.Tensor], points: Sequence[CheckPoint] | None = None) -> None:
     """Fill ``check`` with the engine's errors against the reference (see the module doc)."""
     n = len(kept_ref)
     check.examples = int(kept_ref.sum())
@@ -318,7 +419,8 @@ def _compare(check: EngineCheck, engine: Any, loss_fn: LossFn, batch, streams: _
     ref_clipped = [sum((float(factors[i]) * grads[i][j].double() for i in range(n)),
                        torch.zeros_like(t, dtype=torch.float64)) for j, t in enumerate(total)]
     try:
-        norms, kept, clipped, unclipped = _engine_sums(engine, loss_fn, batch, clip, streams)
+        norms, kept, clipped, unclipped = _engine_sums(engine, loss_fn, batch, clip, streams,
+                                                       points)
     except Exception as err:  # noqa: BLE001 - a refusal or crash of the engine, not the model
         message = str(err).strip().splitlines()[0] if str(err).strip() else ""
         check.error = f"{type(err).__name__}: {message}"

@@ -1,9 +1,10 @@
 """Choose and build the per-example engine for ``trainer.grad_sample_mode`` (``auto``: fastest).
 
-``auto`` (the default) takes book-keeping (``bk``: one backward, clipped sums formed directly)
-when the method needs only per-example norms and clip factors at one evaluation point and
-every trainable layer has an exact book-keeping rule; otherwise Opacus ``hooks`` (materialised
-per-example gradients), which multi-point methods (DiSK, FIBER, IVON with several samples),
+``auto`` (the default) takes book-keeping (``bk``: one backward per evaluation point, clipped
+sums formed directly) when the method needs only per-example norms and clip factors, of one
+point or of a combination of several (DiSK, FIBER, IVON with several samples: the rules form
+the combination's norm with its cross terms), and every trainable layer has an exact
+book-keeping rule; otherwise Opacus ``hooks`` (materialised per-example gradients), which
 gradient diagnostics and the audit's canaries need. See docs/engine.md.
 """
 
@@ -31,16 +32,19 @@ Engine = PerExampleGradients | BookKeepingGradients
 def needs_materialised(method: Any, task: Any, materialise: bool = False) -> str | None:
     """Return why this run needs materialised per-example gradients, or None."""
     if method.needs_per_example_grads:
-        return f"method {method.name!r} combines per-example gradients of several points"
-    if method.gradient_evaluations_per_step() > 1:
-        return f"method {method.name!r} takes {method.gradient_evaluations_per_step()} " \
-               "gradient evaluations per step"
+        return f"method {method.name!r} reads materialised per-example gradients"
     if getattr(task, "observes_gradients", False) and not getattr(task, "observes_norms_only",
                                                                   False):
         return "the task observes per-example gradients (diagnostics)"
     if materialise:
         return "the trainer reads per-example gradients (audit canaries)"
     return None
+
+
+def combines_points(method: Any) -> bool:
+    """Return whether ``method`` combines per-example gradients of several evaluation points
+    before clipping (DiSK, FIBER, IVON with several samples)."""
+    return method.gradient_evaluations_per_step() > 1
 
 
 def choose_grad_sample_mode(requested: str, model: nn.Module, method: Any, task: Any,
@@ -53,6 +57,12 @@ def choose_grad_sample_mode(requested: str, model: nn.Module, method: Any, task:
     if requested == "bk" and need is not None:
         raise ConfigError(f"trainer.grad_sample_mode=bk forms clipped sums only, but {need}: "
                           "use trainer.grad_sample_mode=hooks (or auto)")
+    if requested == "ghost" and (need is not None or combines_points(method)):
+        why = need or (f"method {method.name!r} combines per-example gradients of "
+                       f"{method.gradient_evaluations_per_step()} evaluation points")
+        raise ConfigError(f"trainer.grad_sample_mode=ghost forms the clipped sum of one "
+                          f"evaluation point by a second backward, but {why}: use "
+                          "trainer.grad_sample_mode=bk, hooks or auto")
     if requested != "auto":
         return requested
     if need is not None:
@@ -108,6 +118,9 @@ def build_verified_engine(requested: str, model: nn.Module, method: Any, task: A
                 raise
             rejected.append({"engine": mode, "reason": _one_line(err)})
             continue
+        # a method combining several points is checked on a two-point combination too (and
+        # again after a resume: the engine remembers it)
+        engine.combines_points = combines_points(method)
         check = verifier.check(engine)
         if check.passed:
             rejected = [{"engine": r["engine"], "reason": r["reason"]} for r in rejected]

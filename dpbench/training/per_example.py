@@ -36,6 +36,8 @@ class PerExampleGradients:
             raise ConfigError(f"trainer.grad_sample_mode must be one of {OPACUS_MODES} "
                               f"(got {mode!r})")
         self.mode = mode
+        #: the run combines several evaluation points (the per-run check checks that path too)
+        self.combines_points = False
         if mode == "ghost":
             self.module: nn.Module = GradSampleModuleFastGradientClipping(
                 model, batch_first=True, loss_reduction="sum", max_grad_norm=1.0,

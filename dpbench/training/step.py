@@ -89,18 +89,22 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
     chunks = physical_chunks(batch, max_physical) if n > 0 else []
     for chunk in chunks:
         if engine.mode in ("ghost", "bk"):  # clipped sums without per-example gradients
-            if len(points) != 1:
+            if len(points) != 1 and engine.mode == "ghost":
                 raise PrivacyError("ghost clipping supports one evaluation point per step")
-            with parameters_at(params, points[0].offsets):
-                chunk_sums, norms, factors, loss, kept = engine.ghost_clipped_sum(
-                    task.per_example_loss, chunk, lambda nr: method.clip_factors(nr, ctx))
+            if len(points) != 1:  # book-keeping: ||sum_k w_k g_i(pt_k)|| with cross terms
+                chunk_sums, norms, factors, loss, kept = engine.combined_clipped_sum(
+                    task.per_example_loss, chunk, points, lambda nr: method.clip_factors(nr, ctx))
+            else:
+                with parameters_at(params, points[0].offsets):
+                    chunk_sums, norms, factors, loss, kept = engine.ghost_clipped_sum(
+                        task.per_example_loss, chunk, lambda nr: method.clip_factors(nr, ctx))
             if task.observes_gradients and engine.mode == "bk" and bool(kept.any()):
                 # diagnostics only: book-keeping hands norm-only observers per-layer norms
                 dev = kept.to(norms.device)
                 task.observe_per_example_gradients(
                     {k: v[dev] for k, v in engine.layer_norms().items()}, norms[dev],
                     ctx.clip_norm)
-            if points[0].weight != 1.0:
+            if len(points) == 1 and points[0].weight != 1.0:
                 chunk_sums = [points[0].weight * s for s in chunk_sums]
                 norms = norms * abs(points[0].weight)
         else:

@@ -71,8 +71,9 @@ class Case:
     name: str
     model: nn.Module
     x: torch.Tensor
-    #: engines whose rules claim this layer (bk's rules: Linear, Conv2d, Embedding, LayerNorm,
-    #: GroupNorm), for the property tests
+    #: engines whose rules claim this layer (bk's rules: Linear, Conv1d, Conv2d, Embedding,
+    #: LayerNorm, GroupNorm, RMSNorm, timm's LayerNorm2d, StdConv2d, ScaledStdConv2d and
+    #: VisionTransformer), for the property tests
     bk_claims: bool = False
 
 
@@ -196,7 +197,73 @@ def group_norm_case(d: Draw) -> Case | None:
                 bk_claims=True)
 
 
-# ---- families bk has no rule for (auto falls back) -----------------------------------------
+# ---- timm's layers with bk rules (Opacus has no grid for them: drawn as its Conv2d's) ------
+def layer_norm2d_case(d: Draw) -> Case | None:
+    from timm.layers import LayerNorm2d
+    # C >= 2: over one channel x_hat is 0 and the weight's gradient is rounding noise alone
+    n, c, h, w = d.int(1, 4), d.int(2, 8), d.int(1, 6), d.int(1, 6)
+    norm = LayerNorm2d(c, affine=True)
+    _randomise(norm)
+    return Case(f"timm.LayerNorm2d N={n} C={c} H={h} W={w}", norm, torch.randn(n, c, h, w),
+                bk_claims=True)
+
+
+def std_conv2d_case(d: Draw) -> Case | None:
+    from timm.layers import ScaledStdConv2d, StdConv2d
+    n, c, h, w = d.int(1, 4), d.choice([1, 3, 32]), d.int(11, 17), d.int(11, 17)
+    mapper = d.choice([expander, shrinker])
+    k, stride, padding = d.int(2, 4), d.int(1, 2), d.choice([0, 2, "same", "valid"])
+    dilation, groups = d.int(1, 3), d.int(1, 16)
+    scaled, bias = d.bool(), d.bool()
+    out = mapper(c)
+    if (padding == "same" and stride != 1) or c % groups or out % groups:
+        return None
+    cls = ScaledStdConv2d if scaled else StdConv2d
+    conv = cls(c, out, k, stride=stride, padding=padding, dilation=dilation, groups=groups,
+               bias=bias)
+    if scaled:
+        with torch.no_grad():
+            conv.gain.normal_(1.0, 0.3)
+    return Case(f"timm.{cls.__name__} N={n} C={c}->{out} k={k} s={stride} p={padding} "
+                f"d={dilation} g={groups} bias={bias}", conv, torch.randn(n, c, h, w),
+                bk_claims=True)
+
+
+class ViTFeatures(nn.Module):
+    """A tiny timm VisionTransformer, its tokens as the output (every token's gradient counts)."""
+
+    def __init__(self, **settings) -> None:
+        super().__init__()
+        import timm
+        settings.setdefault("global_pool", "token" if settings.get("class_token", True)
+                            else "avg")  # token pooling needs the class token
+        self.vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0,
+                                     img_size=16, patch_size=8, depth=1, embed_dim=8,
+                                     num_heads=2, **settings)
+        with torch.no_grad():  # the tokens start at small values: make every path count
+            for name, p in self.vit.named_parameters():
+                if name in ("cls_token", "reg_token", "pos_embed"):
+                    p.normal_()
+
+    def forward(self, x):
+        return self.vit.forward_features(x)
+
+
+def vit_case(d: Draw) -> Case | None:
+    n = d.int(1, 4)
+    settings = {"class_token": d.bool(), "reg_tokens": d.choice([0, 0, 2]),
+                "no_embed_class": d.bool(), "pos_embed": d.choice(["learn", "learn", "none"]),
+                "init_values": d.choice([None, 0.5])}
+    if not settings["class_token"] and not settings["reg_tokens"] \
+            and settings["pos_embed"] == "none":
+        return None  # nothing of the ViT's own
+    label = " ".join(f"{k}={v}" for k, v in settings.items())
+    return Case(f"timm.VisionTransformer N={n} {label}", ViTFeatures(**settings),
+                torch.randn(n, 3, 16, 16), bk_claims=True)
+
+
+# ---- Opacus's other families (bk has rules for Conv1d and RMSNorm; auto falls back for the
+# rest) ---------------------------------------------------------------------------------------
 def conv1d_case(d: Draw) -> Case | None:
     n, c, w = d.int(1, 4), d.choice([1, 3, 32]), d.int(6, 10)
     mapper, k, stride = d.choice([expander, shrinker]), d.int(2, 3), d.int(1, 2)
@@ -204,9 +271,10 @@ def conv1d_case(d: Draw) -> Case | None:
     out = mapper(c)
     if (padding == "same" and stride != 1) or c % groups or out % groups:
         return None
-    return Case(f"conv1d N={n} C={c}->{out} k={k} p={padding} g={groups}",
-                nn.Conv1d(c, out, k, stride=stride, padding=padding, dilation=dilation,
-                          groups=groups), torch.randn(n, c, w))
+    return Case(f"conv1d N={n} C={c}->{out} k={k} s={stride} p={padding} d={dilation} "
+                f"g={groups}", nn.Conv1d(c, out, k, stride=stride, padding=padding,
+                                         dilation=dilation, groups=groups),
+                torch.randn(n, c, w), bk_claims=True)
 
 
 def conv3d_case(d: Draw) -> Case | None:
@@ -232,7 +300,7 @@ def instance_norm_case(d: Draw) -> Case | None:
 
 
 def rms_norm_case(d: Draw) -> Case | None:
-    return _trailing_norm_case(d, nn.RMSNorm, "rms_norm")
+    return _trailing_norm_case(d, nn.RMSNorm, "rms_norm", bk_claims=True)
 
 
 class SequenceBiasModel(nn.Module):
@@ -254,7 +322,7 @@ def sequence_bias_case(d: Draw) -> Case | None:
     with torch.no_grad():
         model.bias.bias.normal_()
     return Case(f"sequence_bias N={n} T={t} D={dim} batch_first={batch_first}", model,
-                torch.randn(n, t, dim))
+                torch.randn(n, t, dim), bk_claims=batch_first)
 
 
 class EmbeddingBagModel(nn.Module):
@@ -503,10 +571,12 @@ FAMILIES: dict[str, Callable[[Draw], Case | None]] = {
     "linear": linear_case, "conv2d": conv2d_case, "embedding": embedding_case,
     "layer_norm": layer_norm_case, "group_norm": group_norm_case,
     "conv1d": conv1d_case, "conv3d": conv3d_case, "instance_norm": instance_norm_case,
-    "rms_norm": rms_norm_case, "sequence_bias": sequence_bias_case,
+    "rms_norm": rms_norm_case, "layer_norm2d": layer_norm2d_case,
+    "std_conv2d": std_conv2d_case, "vit": vit_case, "sequence_bias": sequence_bias_case,
     "embedding_bag": embedding_bag_case, "dp_rnn": dp_rnn_case, "attention": attention_case,
 }
-BK_FAMILIES = ("linear", "conv2d", "embedding", "layer_norm", "group_norm")
+BK_FAMILIES = ("linear", "conv2d", "embedding", "layer_norm", "group_norm", "conv1d", "rms_norm",
+               "layer_norm2d", "std_conv2d", "vit")
 
 
 # ---- running a case ------------------------------------------------------------------------

@@ -31,7 +31,8 @@ AUTO_RUNS = {
     "LayerNorm called twice": "hooks", "Embedding called twice": "hooks",
     "loralib.Linear": "hooks",
     "loralib.MergedLinear": "hooks", "loralib.Embedding": "hooks",
-    "timm.LayerNorm2d": "hooks", "timm.StdConv2d": "hooks", "timm.ScaledStdConv2d": "hooks",
+    # book-keeping's own rules: LayerNorm2d's channel normalisation, weight standardisation
+    "timm.LayerNorm2d": "bk", "timm.StdConv2d": "bk", "timm.ScaledStdConv2d": "bk",
     "timm.Conv2dSame": "hooks",
 }
 #: no engine computes these exactly with the example on dim 0: every mode refuses
@@ -69,13 +70,24 @@ def test_no_exact_engine_means_refused(prefix, mode):
 def test_rules_apply_to_subclasses_only_with_the_base_forward_and_parameters():
     import loralib
     from timm.layers import LayerNorm2d, StdConv2d
+    from timm.layers.conv2d_same import Conv2dSame
 
     class SameForward(nn.Linear):  # a subclass that changes nothing: still the rule
         pass
 
+    class OwnStdConv(StdConv2d):  # a named rule's class is matched exactly, not by name
+        def forward(self, x):
+            return super().forward(2 * x)
+
+    class LayerNorm2dWithShift(LayerNorm2d):  # the rule's parameters only
+        def __init__(self, c: int) -> None:
+            super().__init__(c)
+            self.shift = nn.Parameter(torch.zeros(c))
+
     assert rule_for(SameForward(2, 2)) is not None
-    for layer in (grid.DoubledLinear(2, 2), loralib.Linear(4, 4, r=2), LayerNorm2d(3),
-                  StdConv2d(3, 4, 3), loralib.Embedding(5, 4, r=2)):
+    assert rule_for(LayerNorm2d(3)) is not None and rule_for(StdConv2d(3, 4, 3)) is not None
+    for layer in (grid.DoubledLinear(2, 2), loralib.Linear(4, 4, r=2), OwnStdConv(3, 4, 3),
+                  LayerNorm2dWithShift(3), Conv2dSame(3, 4, 3), loralib.Embedding(5, 4, r=2)):
         reason = bk_unsupported(nn.Sequential(layer))
         assert reason is not None and type(layer).__name__ in reason, reason
     weight_normed = nn.utils.weight_norm(nn.Linear(3, 2))

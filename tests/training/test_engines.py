@@ -34,9 +34,17 @@ def test_auto_is_the_default_and_picks_bk_for_norm_only_methods():
         assert trainer.grad_sample_mode == "bk" and trainer.engine.mode == "bk", method
 
 
+def test_auto_picks_bk_for_methods_combining_several_points():
+    """Two points per example (DiSK, FIBER) or several posterior samples (IVON): bk forms the
+    combination's norm with its cross terms; the per-run check covers the two-point path."""
+    for overrides in (("method=disk",), ("method=fiber",),
+                      ("method=dp_ivon", "method.settings.mc_samples=2")):
+        trainer = _trainer(*overrides)
+        assert trainer.grad_sample_mode == "bk", overrides
+        assert trainer.engine.combines_points
+
+
 def test_auto_picks_hooks_where_gradients_must_be_materialised():
-    assert _trainer("method=disk").grad_sample_mode == "hooks"  # two points per example
-    assert _trainer("method=dp_ivon", "method.settings.mc_samples=2").grad_sample_mode == "hooks"
     linear = nn.Sequential(nn.Linear(2, 2))
     task = get_task("classification")()
     dpsgd = get_method("dpsgd")()
@@ -48,9 +56,7 @@ def test_auto_picks_hooks_where_gradients_must_be_materialised():
     assert nonprivate.grad_sample_mode is None  # nothing to clip
 
 
-def test_bk_refused_for_methods_that_need_per_example_gradients():
-    with pytest.raises(ConfigError, match="grad_sample_mode"):
-        _trainer("method=disk", "trainer.grad_sample_mode=bk")
+def test_bk_refused_for_runs_that_read_per_example_gradients():
     with pytest.raises(ConfigError, match="bk"):
         choose_grad_sample_mode("bk", nn.Linear(2, 2), get_method("dpsgd")(),
                                 get_task("classification")(), materialise=True)

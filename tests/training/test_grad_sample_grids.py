@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from dpbench.methods.base import StepContext
 from dpbench.methods.dpsgd import DPSGD
 from dpbench.training.step import SENSITIVITY_SLACK, clipped_aggregate
-from tests.numerics import assert_matches_reference
+from tests.numerics import assert_matches_reference, tolerance
 from tests.training import engine_grid as grid
 
 COMMON = dict(deadline=None, derandomize=True, database=None,
@@ -27,13 +27,27 @@ COMMON = dict(deadline=None, derandomize=True, database=None,
 FULL = settings(max_examples=60, **COMMON)
 
 
+#: a parameter whose reference sum is below this fraction of the whole sum's norm is held to
+#: the tolerance relative to the whole sum (an exactly zero gradient, e.g. attention's key
+#: bias under softmax's shift invariance, is float32 rounding alone in every engine)
+FLOOR = 1e-6
+
+
 def _assert_exact(run: grid.Run, name: str) -> None:
     assert run.status == "ran", f"{name}: {run.status}: {run.engine}"
     assert_matches_reference(run.norms, run.ref_norms, dtype=torch.float32,
                              reduction=run.reduction, per_row=True, name=f"{name} norms")
+    whole = float(torch.sqrt(sum((r.pow(2).sum() for r in run.ref_sums),
+                                 torch.zeros((), dtype=torch.float64))))
     for i, (got, ref) in enumerate(zip(run.sums, run.ref_sums)):
+        label = f"{name} clipped sum of parameter {i}"
+        if float(ref.norm()) < FLOOR * whole:
+            err = float((got.double() - ref).norm()) / whole
+            tol = tolerance(torch.float32, run.reduction)
+            assert err <= tol, f"{label}: error {err:.3g} of the whole sum > {tol:.3g}"
+            continue
         assert_matches_reference(got, ref, dtype=torch.float32, reduction=run.reduction,
-                                 name=f"{name} clipped sum of parameter {i}")
+                                 name=label)
 
 
 def check_case(case: grid.Case) -> None:

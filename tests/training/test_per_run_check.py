@@ -163,8 +163,11 @@ def test_examples_with_non_finite_losses_are_skipped_by_the_check():
 
 
 def test_multi_point_methods_and_virtual_batches_are_checked():
-    disk = build_trainer(_cfg("method=disk"), None)
-    assert disk.grad_sample_mode == "hooks" and disk.engine_checks[0]["engine"] == "hooks"
+    for mode in ("auto", "bk", "hooks"):  # the two-point path of each engine is checked too
+        disk = build_trainer(_cfg("method=disk", f"trainer.grad_sample_mode={mode}"), None)
+        expected = "hooks" if mode == "hooks" else "bk"
+        assert disk.grad_sample_mode == expected and disk.engine_checks[0]["engine"] == expected
+        assert disk.engine.combines_points
     chunked = build_trainer(_cfg("trainer.max_physical_batch_size=2"), None)
     assert chunked.engine_checks and chunked.engine_checks[0]["examples"] == 4
 
