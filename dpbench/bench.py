@@ -32,7 +32,7 @@ from dpbench.methods.base import StepContext
 from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
 from dpbench.training.distributed import Collective
-from dpbench.training.engines import build_engine
+from dpbench.training.engine.choice import build_engine
 from dpbench.training.step import private_release
 from dpbench.utils.conf import GRAD_SAMPLE_MODES
 

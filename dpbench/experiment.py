@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,11 +101,12 @@ def load_data(cfg: DictConfig) -> TaskData:
 
 def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
                   callbacks: list[Callback] | None = None,
-                  trainer_cls: type[Trainer] = Trainer,
+                  make_trainer: Callable[..., Trainer] = Trainer,
                   collective: Collective | None = None) -> Trainer:
     """Validate every setting, load data and model, calibrate noise; train nothing yet.
 
-    ``trainer_cls`` lets the audit run the same loop with canaries (a Trainer subclass);
+    ``make_trainer`` lets the audit build the same loop with canaries (``CanaryRun``: a
+    callback and an engine wrapper, no subclass);
     ``collective`` is a K-process run's process group (training/distributed.py).
     """
     seed = check_seed(cfg.get("seed"))
@@ -120,7 +122,7 @@ def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
         data.input_shape, data.num_classes, **_settings(cfg.model, "name"),
         **({"data": data} if cfg.model.get("needs_data") else {}))
     task = get_task(data.task)(data, **_settings(cfg.get("task")))
-    return trainer_cls(method=method, model=model, task=task, data=data, privacy=privacy,
+    return make_trainer(method=method, model=model, task=task, data=data, privacy=privacy,
                        trainer=trainer_cfg, seed=seed, run_dir=run_dir,
                        callbacks=callbacks, fingerprint=fingerprint(cfg),
                        **({"collective": collective} if collective is not None else {}))

@@ -13,7 +13,8 @@ k- "excluded".
 ``break_mechanism`` (tests only) makes the loop release without noise or without clipping while
 still *claiming* the planned epsilon: the audit must then report epsilon_lower > claimed. It
 wraps the method (``BrokenMechanism``) and turns the loop's sensitivity check off through the
-Trainer's explicit ``check_sensitivity`` option; nothing is patched at run time.
+Trainer's explicit ``check_sensitivity`` option; nothing is patched at run time. The audit is
+the loop's callback plus an engine wrapper (``CanaryAudit``), built by ``CanaryRun``.
 
 Power: with m canaries and r guesses, the largest epsilon_lower the audit can certify is at
 most the bound for r correct guesses (``audit_power``); a mechanism leaking more looks the
@@ -29,6 +30,7 @@ broken mechanism is detectable at that epsilon where any count can (up to about 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -48,8 +50,10 @@ from dpbench.audit.bounds import (
 )
 from dpbench.errors import ConfigError
 from dpbench.privacy import PrivacyAccountant
-from dpbench.privacy.ledger import Query
-from dpbench.training.loop import PrivacyPlan, Trainer, plan_privacy
+from dpbench.privacy.plan import PrivacyPlan, plan_privacy
+from dpbench.training.engine.materialised import clip_materialised
+from dpbench.training.engine.protocol import ClippedSum
+from dpbench.training.loop import Callback, Trainer
 from dpbench.training.step import Release
 from dpbench.utils.seeding import stream_generator
 
@@ -135,14 +139,15 @@ class BrokenMechanism:
     """TESTS ONLY: the method with its noise (``noise``) or clipping (``clipping``) removed.
 
     Every other attribute is the wrapped method's, so the loop runs unchanged and still
-    accounts the planned mechanism: the audit must catch the difference.
+    accounts the planned mechanism (the noise is drawn at the planned scale, then shaped to
+    zero): the audit must catch the difference.
     """
 
     def __init__(self, method: Any, broken: str) -> None:
         self.method, self.broken = method, broken
 
-    def gradient_noise_multiplier(self, sigma: float) -> float:
-        return 0.0 if self.broken == "noise" else self.method.gradient_noise_multiplier(sigma)
+    def noise_shaper(self, info: Any) -> Any:
+        return _ZeroNoise() if self.broken == "noise" else self.method.noise_shaper(info)
 
     def clip_factors(self, norms: torch.Tensor, ctx: Any) -> torch.Tensor:
         if self.broken == "clipping":
@@ -187,12 +192,24 @@ class CanaryModel(nn.Module):
 
 
 class CanaryGradients:
-    """Wraps the loop's per-example engine: appends the active canaries' gradient rows."""
+    """Wraps the loop's materialising engine: appends the active canaries' gradient rows.
+
+    The rows join the per-example gradients before they are combined and clipped, so the
+    wrapper answers the engine protocol's ``clipped_sum`` with the materialised path of the
+    loop itself (``clip_materialised``) over its own ``per_example``.
+    """
 
     def __init__(self, engine: Any, canary_param: int, norm: float) -> None:
+        if not engine.materialises:
+            raise ConfigError("the audit needs per-example gradients: use "
+                              "trainer.grad_sample_mode=hooks or functorch")
         self.engine, self.mode, self.params = engine, engine.mode, engine.params
         self.canary_param, self.norm = canary_param, norm
         self.active: list[int] = []  # canaries in this step's sample
+
+    def clipped_sum(self, loss_fn, batch, points, factors_fn, observe=None) -> ClippedSum:
+        return clip_materialised(self.per_example, self.params, self.engine.names, loss_fn,
+                                 batch, points, factors_fn, observe)
 
     def per_example(self, loss_fn, batch) -> tuple[list[torch.Tensor], torch.Tensor]:
         grads, losses = self.engine.per_example(loss_fn, batch)
@@ -210,74 +227,68 @@ class CanaryGradients:
         return getattr(self.engine, name)
 
 
-class AuditTrainer(Trainer):
-    """The training loop with gradient canaries and per-canary scores of the releases."""
+class _ZeroNoise:
+    """TESTS ONLY: the noise shape of a mechanism broken by ``noise`` (nothing released)."""
 
-    needs_per_example_grads = True  # canaries join the materialised per-example gradients
+    def __call__(self, noise: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [torch.zeros_like(n) for n in noise]
 
-    def __init__(self, *, audit: AuditSettings, model: nn.Module, **kwargs: Any) -> None:
-        method = kwargs["method"]
-        plan = plan_privacy(kwargs["privacy"], kwargs["trainer"], len(kwargs["data"].train),
-                            method.private)
-        if not plan.private:
-            raise ConfigError(f"method {method.name!r} releases without noise (epsilon = "
-                              "inf): there is nothing to audit")
-        # an included canary that Poisson sampling never puts in a step leaves no trace: the
-        # guesses and the stated power account for it (docs/audit-and-hpo.md)
-        self.unsampled = unsampled_probability(plan.sample_rate, plan.total_steps, plan.bands)
-        audit = audit.sized(planned_epsilon(plan), plan.delta, self.unsampled)
-        self.audit = audit
-        super().__init__(model=CanaryModel(model, audit.canaries),
-                         check_sensitivity=audit.break_mechanism != "clipping", **kwargs)
-        if self.engine.mode in ("ghost", "bk"):
-            raise ConfigError("the audit needs per-example gradients: use "
-                              "trainer.grad_sample_mode=hooks or functorch")
-        weight = self.model.canary.weight
-        index = next(i for i, p in enumerate(self.params) if p is weight)
-        self.settings.max_physical_batch_size = None  # canaries join the one physical batch
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], device: Any = None) -> None:
+        pass
+
+
+class CanaryAudit(Callback):
+    """The audit as the loop's callback and engine wrapper (no subclass of the loop).
+
+    ``wrap_engine`` puts ``CanaryGradients`` around the checked engine; ``on_step_start``
+    samples the included canaries into the step as Poisson sampling would; ``on_release``
+    adds the released gradient at each canary's coordinate to its score.
+    """
+
+    def __init__(self, audit: AuditSettings, unsampled: float, model: CanaryModel,
+                 clip_norm: float) -> None:
+        self.audit, self.unsampled, self.model = audit, unsampled, model
+        self.canary_norm = audit.canary_norm * clip_norm
         gen = stream_generator(audit.seed, "audit_secrets")  # streams of their own
         self.included = torch.rand(audit.canaries, generator=gen) < 0.5  # the secrets S_i
-        self.canary_sampler = self.generators["audit_canaries"] = stream_generator(
-            audit.seed, "audit_canaries")  # checkpointed with the loop's streams
-        self.canary_index = index
+        #: checkpointed with the loop's streams (``Trainer(streams=...)``)
+        self.sampler = stream_generator(audit.seed, "audit_canaries")
         self.scores = torch.zeros(audit.canaries, dtype=torch.float64)
-        self.engine = CanaryGradients(self.engine, index, audit.canary_norm * self.clip_norm)
-        if audit.break_mechanism != "none":
-            self.method = BrokenMechanism(self.method, audit.break_mechanism)
+        self.engine: CanaryGradients | None = None
 
-    def train_step(self, batch: Any) -> dict[str, float]:
-        b = self.plan.bands  # canaries are sampled like data: cyclic Poisson when b > 1
-        sampled = torch.rand(len(self.included), generator=self.canary_sampler) < (
-            b * self.plan.sample_rate)
+    def wrap_engine(self, engine: Any) -> CanaryGradients:
+        weight = self.model.canary.weight
+        index = next(i for i, p in enumerate(engine.params) if p is weight)
+        self.engine = CanaryGradients(engine, index, self.canary_norm)
+        return self.engine
+
+    def on_step_start(self, trainer: Trainer) -> None:
+        b = trainer.plan.bands  # canaries are sampled like data: cyclic Poisson when b > 1
+        sampled = torch.rand(len(self.included), generator=self.sampler) < (
+            b * trainer.plan.sample_rate)
         if b > 1:  # canary i lives in partition i mod b, sampled only on its steps
-            sampled &= torch.arange(len(self.included)) % b == self.step % b
+            sampled &= torch.arange(len(self.included)) % b == trainer.step % b
         self.engine.active = torch.nonzero(self.included & sampled).flatten().tolist()
-        try:
-            return super().train_step(batch)
-        finally:
-            self.engine.active = []
 
-    def _account(self, release: Release) -> None:
-        if self.audit.break_mechanism == "none":
-            super()._account(release)
-        else:  # the broken loop still claims the planned mechanism
-            sigma = self.plan.noise_multiplier
-            self.ledger.record(self.plan.sample_rate, [Query("gradient", 1.0, sigma)])
-            self.accountant.step(noise_multiplier=sigma, sample_rate=self.plan.sample_rate)
-        self.scores += release.grads[self.canary_index].detach().reshape(-1).double().cpu()
+    def on_release(self, trainer: Trainer, release: Release) -> None:
+        self.engine.active = []
+        grads = release.grads[self.engine.canary_param]
+        self.scores += grads.detach().reshape(-1).double().cpu()
 
-    def run_audit(self) -> dict[str, Any]:
-        """Train with canaries; return the training summary plus the audit's outcome."""
-        summary = self.fit()
+    def outcome(self, summary: dict[str, Any], delta: float) -> dict[str, Any]:
+        """Return the training summary plus the audit's outcome (guesses, bound, power)."""
         a = self.audit
         order = torch.argsort(self.scores, descending=True)
         guessed_in = order[:a.guesses_included]
         guessed_out = order[len(order) - a.guesses_excluded:]
         correct = int(self.included[guessed_in].sum()) + int((~self.included[guessed_out]).sum())
         guesses = a.guesses_included + a.guesses_excluded
-        lower = epsilon_lower_bound(a.canaries, guesses, correct, self.plan.delta, a.confidence)
-        power = reachable_power(a.canaries, a.guesses_included, a.guesses_excluded,
-                                self.plan.delta, a.confidence, self.unsampled)
+        lower = epsilon_lower_bound(a.canaries, guesses, correct, delta, a.confidence)
+        power = reachable_power(a.canaries, a.guesses_included, a.guesses_excluded, delta,
+                                a.confidence, self.unsampled)
         audit = {"method": "one-run gradient canaries (Steinke, Nasr, Jagielski 2023)",
                  "canaries": a.canaries, "included": int(self.included.sum()),
                  "guesses": guesses, "guesses_included": a.guesses_included,
@@ -285,8 +296,51 @@ class AuditTrainer(Trainer):
                  "confidence": a.confidence, "canary_norm": a.canary_norm,
                  "break_mechanism": a.break_mechanism, "epsilon_lower": lower,
                  "power": power, "epsilon_claimed": summary["epsilon"],
-                 "power_if_every_guess_right": audit_power(a.canaries, guesses, self.plan.delta,
+                 "power_if_every_guess_right": audit_power(a.canaries, guesses, delta,
                                                            a.confidence),
                  "unsampled_probability": self.unsampled}
         return {**summary, "epsilon_claimed": summary["epsilon"], "epsilon_lower": lower,
                 "audit_power": power, "audit": audit}
+
+
+class CanaryRun:
+    """Builds the loop with canaries (``experiment.build_trainer``'s ``make_trainer``).
+
+    The audit is sized from the privacy plan, the model gets its canary weights, the method
+    is broken when asked (tests only), and the loop gets the audit as a callback plus an
+    engine wrapper. ``run()`` trains and returns the summary with the audit's outcome.
+    """
+
+    def __init__(self, audit: AuditSettings) -> None:
+        self.settings = audit
+        self.canaries: CanaryAudit | None = None
+        self.trainer: Trainer | None = None
+
+    def __call__(self, *, method: Any, model: nn.Module, privacy: Any, trainer: Any,
+                 data: Any, callbacks: list[Callback] | None = None, **kwargs: Any) -> Trainer:
+        plan = plan_privacy(privacy, trainer, len(data.train), method.private)
+        if not plan.private:
+            raise ConfigError(f"method {method.name!r} releases without noise (epsilon = "
+                              "inf): there is nothing to audit")
+        # an included canary that Poisson sampling never puts in a step leaves no trace: the
+        # guesses and the stated power account for it (docs/audit-and-hpo.md)
+        unsampled = unsampled_probability(plan.sample_rate, plan.total_steps, plan.bands)
+        audit = self.settings.sized(planned_epsilon(plan), plan.delta, unsampled)
+        canary_model = CanaryModel(model, audit.canaries)
+        self.canaries = CanaryAudit(audit, unsampled, canary_model, privacy.clip_norm)
+        if audit.break_mechanism != "none":
+            method = BrokenMechanism(method, audit.break_mechanism)
+        self.trainer = Trainer(
+            method=method, model=canary_model, privacy=privacy, data=data,
+            # canaries join the one physical batch
+            trainer=dataclasses.replace(trainer, max_physical_batch_size=None),
+            callbacks=[*(callbacks or []), self.canaries],
+            engine_wrapper=self.canaries.wrap_engine, materialise=True,
+            streams={"audit_canaries": self.canaries.sampler},
+            check_sensitivity=audit.break_mechanism != "clipping", **kwargs)
+        return self.trainer
+
+    def run(self) -> dict[str, Any]:
+        """Train with canaries; return the training summary plus the audit's outcome."""
+        summary = self.trainer.fit()
+        return self.canaries.outcome(summary, self.trainer.plan.delta)

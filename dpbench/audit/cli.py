@@ -9,7 +9,6 @@ epsilon_lower. Bad settings exit 2 and leave nothing behind.
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.audit.canaries import AuditSettings, AuditTrainer
+from dpbench.audit.canaries import AuditSettings, CanaryRun
 from dpbench.cli import CONF_DIR, _remove_if_fresh
 from dpbench.errors import ConfigError, DPBenchError
 from dpbench.logging.records import write_record
@@ -43,9 +42,9 @@ def run_audit(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     from dpbench.experiment import build_trainer
 
     settings = audit_settings(cfg)
-    trainer = build_trainer(cfg, None, trainer_cls=functools.partial(AuditTrainer,
-                                                                     audit=settings))
-    summary = trainer.run_audit()
+    canary_run = CanaryRun(settings)
+    build_trainer(cfg, None, make_trainer=canary_run)
+    summary = canary_run.run()
     record = {**run_record(cfg, summary, "completed"), "kind": "audit"}
     if run_dir is not None:
         write_record(run_dir, record)

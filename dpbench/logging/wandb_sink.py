@@ -2,7 +2,7 @@
 
 Per step it logs only released quantities and their post-processing (``train/``); the loop's
 un-privatised training diagnostics (loss, gradient norms, realised batch size) are logged
-under ``private/`` only with ``logger.private_diagnostics=true``.
+under ``unprivatised/`` only with ``logger.private_diagnostics=true``.
 
 Offline by default (``WANDB_MODE=offline`` needs no account or network); files go under the
 run directory. The loop never imports wandb: this callback subscribes to its events.
@@ -55,7 +55,8 @@ class WandbSink(Callback):
             logged = {f"train/{k}": v for k, v in metrics.items()
                       if isinstance(v, (int, float)) and not math.isnan(v)}
             if self.private_diagnostics:  # opted in: un-privatised, not covered by epsilon
-                logged.update({f"private/{k}": v for k, v in metrics.get("private", {}).items()
+                logged.update({f"unprivatised/{k}": v
+                               for k, v in metrics.get("unprivatised", {}).items()
                                if isinstance(v, (int, float)) and not math.isnan(v)})
             self.run.log(logged, step=trainer.step)
 

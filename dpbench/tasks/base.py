@@ -51,7 +51,7 @@ class Task:
         """Return training diagnostics gathered since the last call (e.g. gradient norms); reset.
 
         They are computed on private data and are *not* privatised: the loop stores them under
-        results.json's ``private_diagnostics``, never in the headline ``metrics``.
+        results.json's ``unprivatised_diagnostics``, never in the headline ``metrics``.
         """
         return {}
 

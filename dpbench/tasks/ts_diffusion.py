@@ -17,7 +17,7 @@ metrics in ``ts_metrics`` on the original scale.
 Gradient diagnostics (private runs, ``gradient_diagnostics: true``): per-example norms of the
 conditioning pathway (condition encoder + modulation layers) and of the rest, the clip rate
 and clip severity, logged per step and summarised at each evaluation into results.json's
-``private_diagnostics`` (never ``metrics``). They are computed on private data and are not
+``unprivatised_diagnostics`` (never ``metrics``). They are computed on private data and are not
 privatised: diagnostics only, like the training loss.
 """
 

@@ -10,14 +10,17 @@ only partition is the whole data set in its own order, and the draws are those o
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
-from opacus.data_loader import dtype_safe, shape_safe, wrap_collate_with_empty
+from opacus.data_loader import DPDataLoader, dtype_safe, shape_safe, wrap_collate_with_empty
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data._utils.collate import default_collate
+
+from dpbench.utils.seeding import stream_seed
 
 
 def fixed_partitions(dataset_size: int, bands: int, seed: np.random.SeedSequence | int
@@ -75,3 +78,35 @@ def cyclic_poisson_loader(dataset: Dataset, sampler: CyclicPoissonSampler) -> Da
                           collate_fn=default_collate, batch_first=True, rand_on_empty=False,
                           sample_empty_shapes=[(0, *shape_safe(x)) for x in first],
                           dtypes=[dtype_safe(x) for x in first]))
+
+
+def training_loader(dataset: Dataset, plan: Any, seed: int, generator: torch.Generator,
+                    cyclic: bool) -> tuple[DataLoader, CyclicPoissonSampler | None]:
+    """Return the run's training loader (and its cyclic sampler, whose state is checkpointed).
+
+    Plain Poisson sampling at rate q through Opacus's ``DPDataLoader`` (the sampler the
+    accountant assumes), or, when the method asks for bands (``cyclic``), cyclic Poisson over
+    ``plan.bands`` fixed partitions at rate b q, drawn from the run's ``sampler`` stream.
+    """
+    if not cyclic:
+        return DPDataLoader(dataset, sample_rate=plan.sample_rate, generator=generator), None
+    sampler = CyclicPoissonSampler(
+        fixed_partitions(len(dataset), plan.bands, stream_seed(seed, "partitions")),
+        plan.bands * plan.sample_rate, plan.steps_per_epoch, generator)
+    return cyclic_poisson_loader(dataset, sampler), sampler
+
+
+def remaining_batches(loader: DataLoader, generator: torch.Generator, done: int,
+                      steps_per_epoch: int) -> Iterator[Any]:
+    """Return an epoch's batches after the first ``done`` (all of them when ``done`` is 0).
+
+    Mid-epoch (a resumed, preempted run), the sampling stream is put back after the loader's
+    iterator takes its per-epoch draw, so the remaining masks are those a run never stopped
+    draws.
+    """
+    if not done:
+        return iter(loader)
+    saved = generator.get_state()
+    batches = iter(loader)
+    generator.set_state(saved)
+    return itertools.islice(batches, max(steps_per_epoch - done, 0))

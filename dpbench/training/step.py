@@ -1,4 +1,4 @@
-"""Stages 3-6 of a step: per-example gradients, combination, clipping and the Gaussian release.
+"""Stages 3-6 of a step: the engine's clipped sums, the extra queries and the Gaussian release.
 
 This module and the accountant are the only code that touches raw data or noise. Methods
 supply evaluation points, clip factors and extra queries; the release is always
@@ -8,7 +8,9 @@ supply evaluation points, clip factors and extra queries; the release is always
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -24,7 +26,8 @@ from dpbench.privacy.ledger import Query
 from dpbench.tasks.base import Task
 from dpbench.training.batches import batch_size, physical_chunks, select_rows
 from dpbench.training.distributed import Collective
-from dpbench.training.per_example import PerExampleGradients, flat_norms
+from dpbench.training.engine.protocol import Engine, finite_losses
+from dpbench.utils.stats import quantile_summary
 from dpbench.utils.tensors import parameters_at
 
 SENSITIVITY_SLACK = 1e-4  # relative slack for float round-off in the sensitivity check
@@ -69,7 +72,7 @@ class Aggregate:
     factors: torch.Tensor
 
 
-def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task, batch,
+def clipped_aggregate(method: DPMethod, engine: Engine, task: Task, batch,
                       ctx: StepContext, sigma: float, max_physical: int | None, *,
                       check_sensitivity: bool = True) -> Aggregate:
     """Return sum_i w_i u_i and the extra queries' sums, checked against their sensitivity.
@@ -87,53 +90,14 @@ def clipped_aggregate(method: DPMethod, engine: PerExampleGradients, task: Task,
     losses, norms_all, factors_all = [], [], []
     n = batch_size(batch)
     chunks = physical_chunks(batch, max_physical) if n > 0 else []
-    for chunk in chunks:
-        if engine.mode in ("ghost", "bk"):  # clipped sums without per-example gradients
-            if len(points) != 1 and engine.mode == "ghost":
-                raise PrivacyError("ghost clipping supports one evaluation point per step")
-            if len(points) != 1:  # book-keeping: ||sum_k w_k g_i(pt_k)|| with cross terms
-                chunk_sums, norms, factors, loss, kept = engine.combined_clipped_sum(
-                    task.per_example_loss, chunk, points, lambda nr: method.clip_factors(nr, ctx))
-            else:
-                with parameters_at(params, points[0].offsets):
-                    chunk_sums, norms, factors, loss, kept = engine.ghost_clipped_sum(
-                        task.per_example_loss, chunk, lambda nr: method.clip_factors(nr, ctx))
-            if task.observes_gradients and engine.mode == "bk" and bool(kept.any()):
-                # diagnostics only: book-keeping hands norm-only observers per-layer norms
-                dev = kept.to(norms.device)
-                task.observe_per_example_gradients(
-                    {k: v[dev] for k, v in engine.layer_norms().items()}, norms[dev],
-                    ctx.clip_norm)
-            if len(points) == 1 and points[0].weight != 1.0:
-                chunk_sums = [points[0].weight * s for s in chunk_sums]
-                norms = norms * abs(points[0].weight)
-        else:
-            combined, loss = None, None
-            for point in points:  # stage 4: u_i = sum_k w_k g_i(point_k), before clipping
-                with parameters_at(params, point.offsets):
-                    grads, point_loss = engine.per_example(task.per_example_loss, chunk)
-                loss = point_loss if loss is None else loss
-                if combined is None:
-                    combined = grads if point.weight == 1.0 else [point.weight * g for g in grads]
-                else:
-                    for c, g in zip(combined, grads):
-                        c.add_(g, alpha=point.weight)
-            norms = flat_norms(combined)
-            kept = torch.isfinite(norms).cpu()
-            # rows past the losses have none (the audit appends canary gradients)
-            kept[:len(loss)] &= torch.isfinite(loss).cpu()
-            if not bool(kept.all()):  # a non-finite example is dropped (contributes 0)
-                for c in combined:
-                    c[~kept.to(c.device)] = 0.0
-                norms = torch.where(kept.to(norms.device), norms, torch.zeros_like(norms))
-                loss = loss[kept[:len(loss)].to(loss.device)]
-            if task.observes_gradients and bool(kept.any()):  # diagnostics only (off by default)
-                task.observe_per_example_gradients(
-                    {k: g[kept.to(g.device)] for k, g in zip(engine.names, combined)},
-                    norms[kept.to(norms.device)], ctx.clip_norm)
-            factors = method.clip_factors(norms, ctx)
-            factors = torch.where(kept.to(factors.device), factors, torch.zeros_like(factors))
-            chunk_sums = [torch.einsum("i,i...->...", factors.to(c.dtype), c) for c in combined]
+    observe = None
+    if task.observes_gradients:  # diagnostics only (off by default): un-privatised
+        def observe(rows: dict[str, torch.Tensor], norms: torch.Tensor) -> None:
+            task.observe_per_example_gradients(rows, norms, ctx.clip_norm)
+    for chunk in chunks:  # stages 3-5: the engine's protocol call (engine/protocol.py)
+        chunk_sums, norms, factors, loss, kept = engine.clipped_sum(
+            task.per_example_loss, chunk, points, lambda nr: method.clip_factors(nr, ctx),
+            observe)
         if check_sensitivity:
             _check_bound("gradient", factors * norms, sensitivity)
         if sums is None:
@@ -170,7 +134,7 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def private_release(method: DPMethod, engine: PerExampleGradients, task: Task, batch,
+def private_release(method: DPMethod, engine: Engine, task: Task, batch,
                     ctx: StepContext, sigma: float, max_physical: int | None,
                     noise_shaper: NoiseShaper | None = None, *,
                     check_sensitivity: bool = True,
@@ -260,7 +224,22 @@ def _finite_loss(task: Task, model: torch.nn.Module, batch) -> torch.Tensor:
     """
     while True:
         loss = task.per_example_loss(model, batch)
-        finite = torch.isfinite(loss.detach()).cpu()
+        finite = finite_losses(loss)  # the engines' drop rule (engine/protocol.py)
         if bool(finite.all()):
             return loss
         batch = select_rows(batch, finite.nonzero().flatten())
+
+
+def step_diagnostics(release: Release, task: Task) -> dict[str, Any]:
+    """Return a step's un-privatised diagnostics of the kept examples (non-finite ones are
+    dropped): the realised batch size, the mean loss, the clip fraction and norm quantiles,
+    and the task's own. Sinks leave them out unless asked (docs/privacy-unit-and-streams.md).
+    """
+    out: dict[str, Any] = {
+        "batch_size": release.realised_batch,
+        "loss": float(release.losses.mean()) if release.losses.numel() else math.nan}
+    if release.norms is not None and release.norms.numel():
+        out["clip_fraction"] = release.clipped_fraction
+        out.update(quantile_summary("grad_norm", release.norms))
+    out.update(task.step_metrics())
+    return out

@@ -10,7 +10,7 @@ CONF_DIR = os.environ.get("DPBENCH_CONFIG_DIR",
                           str(Path(__file__).resolve().parents[2] / "conf"))
 
 #: ``trainer.grad_sample_mode`` values (checked by the schema, used by the loop and the bench)
-GRAD_SAMPLE_MODES = ("auto", "hooks", "functorch", "ghost", "bk")  # auto, bk: training/engines.py
+GRAD_SAMPLE_MODES = ("auto", "hooks", "functorch", "ghost", "bk")  # auto: training/engine/choice.py
 
 #: ``trainer.precision`` values, Lightning's names (training/precision.py); the first is the
 #: default

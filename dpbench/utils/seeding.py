@@ -61,3 +61,18 @@ def seed_everything(seed: int, name: str = "model_init") -> None:
     random.seed(stream)
     np.random.seed(stream % 2**32)
     torch.manual_seed(stream)
+
+
+def run_streams(seed: int, device: str | torch.device, rank: int | None = None
+                ) -> dict[str, torch.Generator]:
+    """Return the loop's generators, one spawned seed each (all are checkpointed).
+
+    ``sampler`` (the Poisson masks) and ``task`` on the CPU, ``noise`` and ``method`` on the
+    run's device; rank r of a K-process run (``rank``) draws its examples' per-example values
+    from ``task_rank`` r instead, while the mask and the noise stay the run's own.
+    """
+    return {"sampler": stream_generator(seed, "sampler"),
+            "noise": stream_generator(seed, "noise", device),
+            "method": stream_generator(seed, "method", device),
+            "task": (stream_generator(seed, "task") if rank is None
+                     else stream_generator(seed, "task_rank", "cpu", rank))}

@@ -86,7 +86,6 @@ def test_report_lists_epsilon_lower_next_to_the_claim(tmp_path):
 
 def test_the_broken_mechanism_switches_the_check_by_option_not_by_patching():
     """The audit turns the sensitivity check off through Trainer(check_sensitivity=False)."""
-    import functools
     import inspect
     import sys
 
@@ -105,8 +104,8 @@ def test_the_broken_mechanism_switches_the_check_by_option_not_by_patching():
     for broken, checked in (("clipping", False), ("noise", True), ("none", True)):
         cfg = audit_config(*method_overrides("dpsgd"), *SMALL_AUDIT,
                            f"audit.break_mechanism={broken}")
-        trainer = build_trainer(cfg, None, trainer_cls=functools.partial(
-            canaries.AuditTrainer, audit=audit_settings(cfg)))
+        trainer = build_trainer(cfg, None,
+                                make_trainer=canaries.CanaryRun(audit_settings(cfg)))
         assert trainer.check_sensitivity is checked
         assert trainer.method.clip_factors.__self__ is trainer.method  # no lambda patched in
         assert step._check_bound is saved

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from dpbench.logging.wandb_sink import WandbSink
 
 STEP = {"step": 3, "clip_threshold": 0.7,
-        "private": {"loss": 0.4, "batch_size": 31, "grad_norm_p50": 1.2}}
+        "unprivatised": {"loss": 0.4, "batch_size": 31, "grad_norm_p50": 1.2}}
 
 
 class _Run:
@@ -32,5 +32,5 @@ def test_training_diagnostics_stay_out_of_wandb_by_default():
 
 def test_private_diagnostics_are_logged_apart_when_asked():
     logged = _logged(True)
-    assert logged["private/loss"] == 0.4 and logged["private/batch_size"] == 31
+    assert logged["unprivatised/loss"] == 0.4 and logged["unprivatised/batch_size"] == 31
     assert not any(k.startswith("train/") and "loss" in k for k in logged)

@@ -12,7 +12,7 @@ from dpbench.errors import ConfigError
 from dpbench.methods.disk import DiSK
 from dpbench.methods.dpadamw import DPAdamW
 from dpbench.tasks.classification import Classification
-from dpbench.training.per_example import PerExampleGradients
+from dpbench.training.engine.choice import build_engine
 from dpbench.training.step import private_release
 from tests.methods._helpers import ctx, info, params_like, released_stream, run_post_release, set_up
 from tests.numerics import assert_matches_reference
@@ -67,7 +67,7 @@ def test_evaluation_points_use_the_last_displacement():
 def test_release_combines_the_two_points_per_example_before_clipping():
     torch.manual_seed(0)
     model = nn.Linear(4, 3)
-    engine = PerExampleGradients(model)
+    engine = build_engine(model, "hooks")
     params = engine.params
     disk = set_up(DiSK(optimizer=functools.partial(torch.optim.SGD, lr=0.5), kappa=0.5,
                        gamma=0.5), params)

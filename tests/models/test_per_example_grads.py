@@ -12,7 +12,9 @@ from opacus.validators import ModuleValidator
 
 from dpbench.models import get_model_builder, model_names
 from dpbench.tasks import get_task
-from dpbench.training.per_example import PerExampleGradients, flat_norms
+from dpbench.training.engine.choice import build_engine
+from dpbench.training.engine.materialised import flat_norms
+from tests.engines import ONE_POINT
 from tests.numerics import assert_matches_reference, float64_copy, one_at_a_time_grads
 
 #: input shape per classification model for this check; models of other tasks test themselves
@@ -53,9 +55,9 @@ def test_per_example_gradients_match_one_at_a_time(name, dtype, mode):
     ref_norms = torch.stack([flat_norms([g.unsqueeze(0) for g in r])[0] for r in reference])
     reduction = REDUCTION[name]
     net.zero_grad()
-    engine = PerExampleGradients(net, mode)
+    engine = build_engine(net, mode)
     if mode == "ghost":
-        sums, norms, *_ = engine.ghost_clipped_sum(task.per_example_loss, (x, y),
+        sums, norms, *_ = engine.clipped_sum(task.per_example_loss, (x, y), ONE_POINT,
                                                      lambda nr: torch.ones_like(nr))
         # judged at the precision the norms come back in (the engine keeps them in float32)
         assert_matches_reference(norms, ref_norms, reduction=reduction, name="norms")
@@ -74,7 +76,7 @@ def test_stock_resnet_would_fail_but_ours_trains_a_step():
     torch.manual_seed(0)
     net = get_model_builder("resnet18")((3, 32, 32), 10)
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules())
-    engine = PerExampleGradients(net, "hooks")
+    engine = build_engine(net, "hooks")
     grads, _ = engine.per_example(get_task("classification")().per_example_loss,
                                   (torch.randn(2, 3, 32, 32), torch.tensor([1, 2])))
     assert all(torch.isfinite(g).all() for g in grads)

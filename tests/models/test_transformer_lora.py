@@ -11,9 +11,10 @@ from transformers import AutoConfig
 from dpbench.errors import ConfigError, DataError
 from dpbench.experiment import build_trainer
 from dpbench.models.transformer_lora import minilm_lora
-from dpbench.training.per_example import PerExampleGradients
+from dpbench.training.engine.choice import build_engine
 from dpbench.utils.pretrained import from_pretrained
 from tests.conftest import compose_config
+from tests.engines import ONE_POINT
 from tests.fixtures.synthetic import write_sst2
 from tests.numerics import assert_matches_reference, float64_copy, one_at_a_time_grads
 
@@ -71,7 +72,7 @@ def test_lora_per_example_gradients_exact_and_ghost_matches(tmp_path):
     model = _no_dropout(minilm_lora((12,), 2)).train()
     reference = float64_copy(model)  # the float64 one-at-a-time reference
     ghost_model = copy.deepcopy(model)
-    engine = PerExampleGradients(model, "hooks")
+    engine = build_engine(model, "hooks")
     grads, _ = engine.per_example(task.per_example_loss, batch)
     expected = one_at_a_time_grads(
         reference, lambda m, i: task.per_example_loss(m, tuple(t[i:i + 1] for t in batch)).sum(),
@@ -79,9 +80,9 @@ def test_lora_per_example_gradients_exact_and_ghost_matches(tmp_path):
     for j, g in enumerate(grads):
         assert_matches_reference(g, torch.stack([e[j] for e in expected]), dtype=torch.float32,
                                  reduction=REDUCTION, per_row=True, name=f"parameter {j}")
-    ghost = PerExampleGradients(ghost_model, "ghost")
+    ghost = build_engine(ghost_model, "ghost")
     factors = lambda norms: (0.5 / norms).clamp(max=1.0)  # noqa: E731
-    sums, norms, *_ = ghost.ghost_clipped_sum(task.per_example_loss, batch, factors)
+    sums, norms, *_ = ghost.clipped_sum(task.per_example_loss, batch, ONE_POINT, factors)
     flat = torch.stack([torch.cat([g.flatten() for g in e]).norm() for e in expected])
     assert_matches_reference(norms, flat, reduction=REDUCTION, name="ghost norms")
     for j, s in enumerate(sums):

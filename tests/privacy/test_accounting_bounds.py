@@ -28,7 +28,7 @@ from dpbench.privacy import (
 )
 from dpbench.privacy import accountant_pld as pld
 from dpbench.privacy.accountant_opacus import rdp_epsilon
-from dpbench.training.loop import plan_privacy
+from dpbench.privacy.plan import plan_privacy
 
 DELTA = 1e-5
 #: the demo: digits (N 1438), B 128, 10 epochs of int(1/q) = 11 steps

@@ -58,13 +58,13 @@ def test_private_run_reports_metrics_and_gradient_diagnostics(sine_csv):
                          "method=dp_adaln", "privacy=sigma", "privacy.noise_multiplier=1.0",
                          "trainer.epochs=1", *TINY)
     out = run_config(cfg)
-    m, diag = out["metrics"], out["private_diagnostics"]["final"]
+    m, diag = out["metrics"], out["unprivatised_diagnostics"]["final"]
     assert math.isfinite(out["epsilon"])
     for key in ("rmse", "mae", "mape", "crps", "js", "acf_distance"):
         assert key in m
     for key in ("g_cond_p99", "g_rest_max", "clip_rate", "clip_severity"):
         assert key in diag and key not in m  # training diagnostics stay out of the metrics
-    assert "NOT PRIVATISED" in out["private_diagnostics"]["note"]
+    assert "NOT PRIVATISED" in out["unprivatised_diagnostics"]["note"]
     assert 0 < len(diag["g_cond_norms"]) <= 2000
     assert all(c <= t + 1e-6 for c, t in zip(diag["g_cond_norms"], diag["g_total_norms"]))
 
@@ -104,12 +104,12 @@ def test_gradient_diagnostics_survive_a_resume(sine_csv, tmp_path):
             "privacy=sigma", "privacy.noise_multiplier=1.0", "trainer.epochs=2",
             "trainer.eval_every=2", *[o for o in TINY if o != "trainer.checkpoint=false"]]
     full = build_trainer(compose_config(*base), tmp_path / "full").fit()
-    full = full["private_diagnostics"]["final"]
+    full = full["unprivatised_diagnostics"]["final"]
     killed = build_trainer(compose_config(*base), tmp_path / "killed", [Kill()])
     with pytest.raises(KeyboardInterrupt):
         killed.fit()
     resumed = build_trainer(compose_config(*base, "trainer.resume=true"), tmp_path / "killed")
     resumed.maybe_resume()
-    out = resumed.fit()["private_diagnostics"]["final"]
+    out = resumed.fit()["unprivatised_diagnostics"]["final"]
     assert len(out["g_cond_norms"]) == len(full["g_cond_norms"])
     assert out["g_cond_p99"] == pytest.approx(full["g_cond_p99"])

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tests.engines import ONE_POINT
+
 #: relative error above which a result that ran is "wrong" (the independent check's bar)
 WRONG = 1e-4
 
@@ -634,13 +636,13 @@ def reference(case: Case, batch) -> list[list[torch.Tensor]]:
 
 def engine_outputs(engine, batch, clip: float):
     """Return (norms, clipped sums) as the loop's release computes them (flat clipping at C)."""
-    from dpbench.training.per_example import flat_norms
+    from dpbench.training.engine.materialised import flat_norms
 
     def factors(norms):
         return (clip / norms.clamp_min(1e-30)).clamp(max=1.0)
 
     if engine.mode in ("bk", "ghost"):
-        sums, norms, _, _, _ = engine.ghost_clipped_sum(loss_fn, batch, factors)
+        sums, norms, _, _, _ = engine.clipped_sum(loss_fn, batch, ONE_POINT, factors)
         return norms, sums
     grads, _ = engine.per_example(loss_fn, batch)
     norms = flat_norms(grads)
@@ -657,7 +659,7 @@ def build(case: Case, mode: str):
     if hasattr(engines, "build_verified_engine"):
         from torch.utils.data import TensorDataset
 
-        from dpbench.training.engine_check import EngineVerifier
+        from dpbench.training.engine.check import EngineVerifier
         data = TensorDataset(*batch_of(case))
         verifier = EngineVerifier(case.model, loss_fn, data, torch.device("cpu"))
         engine, _, _ = engines.build_verified_engine(mode, case.model, method, task, verifier)

@@ -10,8 +10,10 @@ from torch import nn
 
 from dpbench.errors import ConfigError
 from dpbench.models import get_model_builder, model_names
-from dpbench.training.bk_engine import BookKeepingGradients, bk_unsupported
-from dpbench.training.per_example import PerExampleGradients, flat_norms
+from dpbench.training.engine.bookkeeping import BookKeepingEngine, bk_unsupported
+from dpbench.training.engine.choice import build_engine
+from dpbench.training.engine.materialised import flat_norms
+from tests.engines import ONE_POINT
 from tests.numerics import assert_matches_reference, float64_batch, float64_copy
 
 #: the longest inner product behind a gradient entry in these tiny cases (a tolerance input)
@@ -84,7 +86,7 @@ def _case(name: str):
 
 
 def _reference(model, loss_fn, batch):
-    engine = PerExampleGradients(model, "hooks")
+    engine = build_engine(model, "hooks")
     grads, _ = engine.per_example(loss_fn, batch)
     norms = flat_norms(grads)
     factors = (CLIP / (norms + 1e-6)).clamp(max=1.0)
@@ -110,9 +112,9 @@ def _reference_loop(model, loss_fn, batch):
 
 
 def _bk(model, loss_fn, batch):
-    engine = BookKeepingGradients(model)
-    sums, norms, factors, _, _ = engine.ghost_clipped_sum(
-        loss_fn, batch, lambda n: (CLIP / (n + 1e-6)).clamp(max=1.0))
+    engine = BookKeepingEngine(model)
+    sums, norms, factors, _, _ = engine.clipped_sum(
+        loss_fn, batch, ONE_POINT, lambda n: (CLIP / (n + 1e-6)).clamp(max=1.0))
     return sums, norms, factors
 
 
@@ -206,8 +208,8 @@ def test_bk_nonfinite_example_contributes_zero():
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
     clean_sums, _ = _reference_loop(float64_copy(model), _ce, (x[1:].double(), y[1:]))
     x[0, 0] = float("nan")
-    engine = BookKeepingGradients(model)
-    _, norms, _, losses, kept = engine.ghost_clipped_sum(_ce, (x, y), torch.ones_like)
+    engine = BookKeepingEngine(model)
+    _, norms, _, losses, kept = engine.clipped_sum(_ce, (x, y), ONE_POINT, torch.ones_like)
     assert kept.tolist() == [False, True, True, True] and norms[0] == 0 and len(losses) == 3
     sums, norms, factors = _bk(model, _ce, (x, y))
     assert factors[0] == 0 and all(bool(torch.isfinite(s).all()) for s in sums)
@@ -222,4 +224,4 @@ def test_bk_refuses_unsupported_layer_by_name():
     model = nn.Sequential(nn.Linear(3, 3), nn.PReLU())
     assert "PReLU" in bk_unsupported(model) and "'1'" in bk_unsupported(model)
     with pytest.raises(ConfigError, match="PReLU"):
-        BookKeepingGradients(model)
+        BookKeepingEngine(model)

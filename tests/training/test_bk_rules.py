@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from dpbench.errors import ConfigError
-from dpbench.training.bk_engine import BookKeepingGradients, bk_unsupported
+from dpbench.training.engine.bookkeeping import BookKeepingEngine, bk_unsupported
 from tests.training import engine_grid as grid
 from tests.training.test_grad_sample_grids import _assert_exact, _assert_neighbours
 
@@ -105,7 +105,7 @@ def test_structural_guards_refuse_what_no_rule_covers(model, why):
     reason = bk_unsupported(model)
     assert reason is not None and why in reason, reason
     with pytest.raises(ConfigError, match="cannot run this model"):
-        BookKeepingGradients(model)
+        BookKeepingEngine(model)
 
 
 def test_refused_vit_falls_back_to_an_exact_engine():

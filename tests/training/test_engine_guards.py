@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from dpbench.errors import ConfigError
-from dpbench.training.bk_engine import bk_unsupported
-from dpbench.training.bk_layers import rule_for
+from dpbench.training.engine.bookkeeping import bk_unsupported
+from dpbench.training.engine.bookkeeping_rules import rule_for
+from tests.engines import ONE_POINT
 from tests.training import engine_grid as grid
 from tests.training.test_grad_sample_grids import _assert_exact, _assert_neighbours
 
@@ -95,12 +96,12 @@ def test_rules_apply_to_subclasses_only_with_the_base_forward_and_parameters():
 
 
 def test_bk_refuses_a_layer_whose_dim_0_is_not_the_example_by_name():
-    from dpbench.training.bk_engine import BookKeepingGradients
+    from dpbench.training.engine.bookkeeping import BookKeepingEngine
     model = grid.TimeFirst(nn.Linear(4, 2))
-    engine = BookKeepingGradients(model)
+    engine = BookKeepingEngine(model)
     x, r = torch.randn(3, 5, 4), torch.randn(3, 5, 2)
     with pytest.raises(ConfigError, match=r"layer 'layer' sees a leading size of 5, not the 3"):
-        engine.ghost_clipped_sum(grid.loss_fn, (x, r), torch.ones_like)
+        engine.clipped_sum(grid.loss_fn, (x, r), ONE_POINT, torch.ones_like)
 
 
 def test_hooks_on_channels_last_conv_is_refused_and_auto_runs_bk():

@@ -13,7 +13,7 @@ from dpbench.methods import get_method
 from dpbench.methods.base import StepContext
 from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
-from dpbench.training.engines import build_engine, choose_grad_sample_mode
+from dpbench.training.engine.choice import build_engine, choose_grad_sample_mode
 from dpbench.training.step import clipped_aggregate
 from tests.conftest import compose_config
 from tests.method_matrix import TINY

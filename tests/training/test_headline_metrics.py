@@ -3,7 +3,7 @@
 With the update switched off the releases move nothing, so the model, and every metric
 computed from it on the test data, must be the same whatever the training data hold. A key
 of ``metrics`` that changes with the training data was computed on it without noise: such
-diagnostics belong under ``private_diagnostics``.
+diagnostics belong under ``unprivatised_diagnostics``.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def test_no_metric_changes_with_the_training_data_when_nothing_is_learnt(case, t
             f"metrics[{key!r}] reads the training data"
     assert _json(a["history"]) == _json(b["history"])
     assert _json(a["step_history"]) == _json(b["step_history"])
-    diag = a["private_diagnostics"]
+    diag = a["unprivatised_diagnostics"]
     assert "NOT PRIVATISED" in diag["note"]
     if case == "ts_diffusion":  # the diagnostics do read the training data: they moved out
-        other = b["private_diagnostics"]["final"]
+        other = b["unprivatised_diagnostics"]["final"]
         assert diag["final"]["g_total_norms"] != other["g_total_norms"]

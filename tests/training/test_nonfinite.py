@@ -12,7 +12,7 @@ from dpbench.methods import get_method
 from dpbench.methods.base import StepContext
 from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
-from dpbench.training.per_example import PerExampleGradients
+from dpbench.training.engine.choice import build_engine
 from dpbench.training.step import private_release
 from tests.conftest import compose_config
 
@@ -33,7 +33,7 @@ def _batch(n: int = 24, seed: int = 0):
 def _release(method_name: str, mode: str, batch, seed: int = 5):
     torch.manual_seed(0)
     net = get_model_builder("mlp")((1, 8, 8), 10)
-    engine = PerExampleGradients(net, mode)
+    engine = build_engine(net, mode)
     method = get_method(method_name)(optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=0.5,
                       expected_batch_size=24.0, sample_rate=0.1, dataset_size=240,
@@ -95,7 +95,7 @@ def test_nan_records_never_skip_or_stop_and_the_loss_is_the_finite_mean(nonfinit
             per_example = trainer.task.per_example_loss(trainer.model, batch)
         finite = per_example[torch.isfinite(per_example)]
         metrics = train_step(batch)
-        losses.append((metrics["private"]["loss"], float(finite.mean()),
+        losses.append((metrics["unprivatised"]["loss"], float(finite.mean()),
                        len(finite) < len(per_example)))
         return metrics
 

@@ -17,8 +17,12 @@ from torch.utils.data import TensorDataset
 
 from dpbench.errors import ConfigError
 from dpbench.experiment import build_trainer
-from dpbench.training import bk_layers, engines, step
-from dpbench.training.bk_layers import LayerRule
+from dpbench.training import step
+from dpbench.training.engine import bookkeeping_rules as bk_layers
+from dpbench.training.engine import choice as engines
+from dpbench.training.engine.bookkeeping_rules import LayerRule
+from dpbench.training.engine.materialised import clip_materialised
+from dpbench.training.engine.protocol import ClippedSum
 from tests.conftest import compose_config
 from tests.method_matrix import TINY
 
@@ -31,17 +35,20 @@ class BrokenNorms:
     """An engine whose norms are off by 2x (per-example gradients of one parameter doubled)."""
 
     def __init__(self, engine) -> None:
-        self.engine, self.mode = engine, engine.mode
+        self.engine, self.mode, self.materialises = engine, engine.mode, engine.materialises
         self.params, self.names, self.module = engine.params, engine.names, engine.module
 
     def per_example(self, loss_fn, batch):
         grads, losses = self.engine.per_example(loss_fn, batch)
         return [2 * grads[0], *grads[1:]], losses
 
-    def ghost_clipped_sum(self, loss_fn, batch, factors_fn):
-        sums, norms, factors, losses, kept = self.engine.ghost_clipped_sum(
-            loss_fn, batch, lambda n: factors_fn(2 * n))
-        return sums, 2 * norms, factors, losses, kept
+    def clipped_sum(self, loss_fn, batch, points, factors_fn, observe=None):
+        if self.materialises:  # the doubled per-example gradients, through the loop's path
+            return clip_materialised(self.per_example, self.params, self.names, loss_fn, batch,
+                                     points, factors_fn, observe)
+        sums, norms, factors, losses, kept = self.engine.clipped_sum(
+            loss_fn, batch, points, lambda n: factors_fn(2 * n))
+        return ClippedSum(sums, 2 * norms, factors, losses, kept)
 
     def close(self) -> None:
         self.engine.close()
@@ -105,14 +112,14 @@ def test_the_check_is_recorded_with_its_worst_error():
     assert record["engine"] == summary["grad_sample_mode"] == "bk"
     assert [c["when"] for c in record["checks"]] == ["start"]
     assert record["examples"] == 4 and record["checks"][0]["seconds"] > 0
-    worst = summary["private_diagnostics"]["engine_check"][0]["worst_error"]
+    worst = summary["unprivatised_diagnostics"]["engine_check"][0]["worst_error"]
     assert 0 <= worst <= record["tolerance"] == 2048 * torch.finfo(torch.float32).eps
     assert "worst_error" not in str(record)  # data-derived values stay un-published
 
 
 def test_the_check_leaves_the_run_unchanged(monkeypatch):
     """The check draws from no run stream: a run with it equals a run without it."""
-    from dpbench.training.engine_check import EngineCheck, EngineVerifier
+    from dpbench.training.engine.check import EngineCheck, EngineVerifier
     cfg = _cfg("trainer.epochs=2")
     with_check = build_trainer(cfg, None)
     states = {k: g.get_state() for k, g in with_check.generators.items()}
@@ -144,7 +151,7 @@ def test_a_resumed_run_is_checked_again(tmp_path):
 
 
 def test_examples_with_non_finite_losses_are_skipped_by_the_check():
-    from dpbench.training.engine_check import SCAN_ROWS, EngineVerifier, check_rows
+    from dpbench.training.engine.check import SCAN_ROWS, EngineVerifier, check_rows
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
     x = torch.randn(12, 3)
     x[:5, 0] = math.nan  # rows 0-4: a NaN loss (and 0 * NaN in a batched backward)

@@ -10,14 +10,15 @@ from dpbench.methods import get_method
 from dpbench.methods.base import DPMethod, StepContext
 from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
-from dpbench.training.per_example import PerExampleGradients, flat_norms
+from dpbench.training.engine.choice import build_engine
+from dpbench.training.engine.materialised import flat_norms
 from dpbench.training.step import private_release
 
 
 def _setup(mode="hooks", model="mlp", shape=(1, 8, 8), seed=0):
     torch.manual_seed(seed)
     net = get_model_builder(model)(shape, 10)
-    engine = PerExampleGradients(net, mode)
+    engine = build_engine(net, mode)
     x = torch.randn(24, *shape) * 5
     y = torch.randint(0, 10, (24,))
     return net, engine, (x, y)

@@ -58,24 +58,25 @@ def test_the_loops_streams_never_share_a_seed_and_are_uncorrelated():
 
 
 def test_audit_canaries_and_secrets_do_not_alias_the_training_streams():
-    from dpbench.audit.canaries import AuditSettings, AuditTrainer
+    from dpbench.audit.canaries import AuditSettings, CanaryRun
 
     cfg = compose_config(*RUN)  # seed 0 and audit.seed 0: the case that used to alias
     audit = AuditSettings(canaries=400, guesses_included=5, guesses_excluded=5, seed=0)
-    trainer = build_trainer(cfg, None, trainer_cls=lambda **kw: AuditTrainer(audit=audit,
-                                                                             **kw))
+    run = CanaryRun(audit)
+    trainer = build_trainer(cfg, None, make_trainer=run)
+    canaries = run.canaries
     gens = {"sampler": trainer.sampler_generator, "noise": trainer.noise_generator,
-            "canaries": trainer.canary_sampler}
+            "canaries": canaries.sampler}
     seeds = [g.initial_seed() for g in gens.values()]
     assert len(set(seeds)) == len(seeds)
     for (a, ga), (b, gb) in itertools.combinations(gens.items(), 2):
         assert abs(_correlation(_draws(ga), _draws(gb))) < 0.05, (a, b)
     for g in gens.values():  # the secrets S_i are no function of another stream's draws
         fresh = torch.Generator().manual_seed(g.initial_seed())
-        agree = float(((torch.rand(400, generator=fresh) < 0.5) == trainer.included).double()
-                      .mean())
+        agree = float(((torch.rand(400, generator=fresh) < 0.5) == canaries.included)
+                      .double().mean())
         assert 0.4 < agree < 0.6, agree
-    assert trainer.generators["audit_canaries"] is trainer.canary_sampler  # checkpointed
+    assert trainer.generators["audit_canaries"] is canaries.sampler  # checkpointed
     assert "audit_canaries" in trainer.state_dict()["generators"]
 
 

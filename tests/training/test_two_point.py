@@ -21,11 +21,15 @@ from torch import nn
 from dpbench.errors import ConfigError
 from dpbench.methods import get_method
 from dpbench.methods.base import EvalPoint, StepContext
-from dpbench.training.bk_engine import BookKeepingGradients
-from dpbench.training.engines import build_verified_engine, choose_grad_sample_mode
-from dpbench.training.per_example import PerExampleGradients
+from dpbench.training.engine.bookkeeping import BookKeepingEngine
+from dpbench.training.engine.choice import (
+    build_engine,
+    build_verified_engine,
+    choose_grad_sample_mode,
+)
 from dpbench.training.step import clipped_aggregate
 from dpbench.utils.tensors import parameters_at
+from tests.engines import ONE_POINT
 from tests.numerics import assert_matches_reference
 from tests.training import engine_grid as grid
 
@@ -110,8 +114,8 @@ def _aggregate(method_name: str, model: nn.Module, mode: str, batch, clip: float
     ctx = _context(len(batch[1]), clip)
     points = method.evaluation_points(ctx)
     assert len(points) == 2 and points[0].weight != 1.0
-    engine = (BookKeepingGradients(model) if mode == "bk"
-              else PerExampleGradients(model, mode))
+    engine = (BookKeepingEngine(model) if mode == "bk"
+              else build_engine(model, mode))
     try:
         return clipped_aggregate(method, engine, _Task(), batch, ctx, 1.0, None)
     finally:
@@ -152,8 +156,8 @@ def test_bk_combination_has_the_cross_term():
     model = model.double()
     params = list(model.parameters())
     points = [EvalPoint(-0.5), EvalPoint(1.5, [0.1 * torch.randn_like(p) for p in params])]
-    engine = BookKeepingGradients(model)
-    _, norms, _, _, _ = engine.combined_clipped_sum(_Task.per_example_loss, (x, y), points,
+    engine = BookKeepingEngine(model)
+    _, norms, _, _, _ = engine.clipped_sum(_Task.per_example_loss, (x, y), points,
                                                     torch.ones_like)
     per_point = []
     for point in points:
@@ -191,14 +195,17 @@ def test_ghost_refuses_a_two_point_method_up_front():
     assert choose_grad_sample_mode("bk", model, method, None) == "bk"
 
 
-class _WrongCrossTerm(BookKeepingGradients):
+class _WrongCrossTerm(BookKeepingEngine):
     """Book-keeping whose combination drops the cross terms (norms of the points apart)."""
 
-    def combined_clipped_sum(self, loss_fn, batch, points, factors_fn):
+    def clipped_sum(self, loss_fn, batch, points, factors_fn, observe=None):
+        if len(points) == 1:
+            return super().clipped_sum(loss_fn, batch, points, factors_fn, observe)
         sums, norm_sq, losses = None, 0.0, None
         for point in points:
             with parameters_at(self.params, point.offsets):
-                s, n, _, loss, k = self.ghost_clipped_sum(loss_fn, batch, torch.ones_like)
+                s, n, _, loss, k = super().clipped_sum(loss_fn, batch, ONE_POINT,
+                                                       torch.ones_like)
             norm_sq = norm_sq + (point.weight * n) ** 2
             sums = [point.weight * v for v in s] if sums is None else \
                 [a + point.weight * v for a, v in zip(sums, s)]
@@ -211,8 +218,8 @@ class _WrongCrossTerm(BookKeepingGradients):
 def test_per_run_check_refuses_a_two_point_path_without_cross_terms(monkeypatch):
     from torch.utils.data import TensorDataset
 
-    from dpbench.training import engines
-    from dpbench.training.engine_check import EngineVerifier
+    from dpbench.training.engine import choice
+    from dpbench.training.engine.check import EngineVerifier
     torch.manual_seed(6)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
     data = TensorDataset(torch.randn(8, 4), torch.randint(0, 3, (8,)))
@@ -224,7 +231,7 @@ def test_per_run_check_refuses_a_two_point_path_without_cross_terms(monkeypatch)
     engine, check, _ = build_verified_engine("bk", model, method, None, verifier())
     assert engine.mode == "bk" and check.passed and check.points == 2
     engine.close()
-    monkeypatch.setattr(engines, "BookKeepingGradients", _WrongCrossTerm)
+    monkeypatch.setitem(choice.ENGINES, "bk", _WrongCrossTerm)
     with pytest.raises(ConfigError, match="two-point combination"):
         build_verified_engine("bk", model, method, None, verifier())
     # auto moves on to the materialised path, which is checked on the combination too
@@ -250,7 +257,7 @@ def test_bk_refuses_an_input_modified_in_place_after_the_layer_read_it(two_point
     """The rules read the recorded input: a later in-place change (in the forward, or by a
     later evaluation point's forward) would make them compute another gradient."""
     model = _ModifiesItsInput()
-    engine = BookKeepingGradients(model)
+    engine = BookKeepingEngine(model)
 
     def loss(m, batch):
         return m(batch[0].clone()).sum(1) if not two_points else m(batch[0]).sum(1)
@@ -260,15 +267,15 @@ def test_bk_refuses_an_input_modified_in_place_after_the_layer_read_it(two_point
         if two_points:
             points = [EvalPoint(0.5), EvalPoint(0.5, [torch.zeros_like(p)
                                                       for p in engine.params])]
-            engine.combined_clipped_sum(loss, (x, None), points, torch.ones_like)
+            engine.clipped_sum(loss, (x, None), points, torch.ones_like)
         else:
-            engine.ghost_clipped_sum(loss, (x, None), torch.ones_like)
+            engine.clipped_sum(loss, (x, None), ONE_POINT, torch.ones_like)
 
 
 def _disk_aggregate(model, batch, max_physical=None):
     method = _two_point_method("disk", model)
     ctx = _context(len(batch[1]), 0.5)
-    engine = BookKeepingGradients(model)
+    engine = BookKeepingEngine(model)
     try:
         return clipped_aggregate(method, engine, _Task(), batch, ctx, 1.0, max_physical)
     finally:

@@ -16,17 +16,20 @@ from typing import Any
 from torch import nn
 
 from dpbench.errors import ConfigError
-from dpbench.training.bk_engine import BookKeepingGradients, bk_unsupported
-from dpbench.training.engine_check import EngineCheck, EngineVerifier
-from dpbench.training.per_example import PerExampleGradients
+from dpbench.training.engine.bookkeeping import BookKeepingEngine, bk_unsupported
+from dpbench.training.engine.check import EngineCheck, EngineVerifier
+from dpbench.training.engine.ghost import GhostClippingEngine
+from dpbench.training.engine.materialised import FunctorchEngine, HooksEngine
+from dpbench.training.engine.protocol import Engine
 
 log = logging.getLogger(__name__)
 
-#: modes whose engine returns clipped sums without materialising per-example gradients
-CLIPPED_SUM_MODES = ("ghost", "bk")
+#: the engine of each resolved ``trainer.grad_sample_mode`` (``auto`` chooses one of them)
+ENGINES: dict[str, type[Engine]] = {
+    cls.mode: cls for cls in (BookKeepingEngine, HooksEngine, FunctorchEngine,
+                              GhostClippingEngine)}
 #: what ``auto`` tries after its first choice, in order, when the per-run check rejects it
 AUTO_FALLBACKS = ("hooks", "functorch")
-Engine = PerExampleGradients | BookKeepingGradients
 
 
 def needs_materialised(method: Any, task: Any, materialise: bool = False) -> str | None:
@@ -47,24 +50,42 @@ def combines_points(method: Any) -> bool:
     return method.gradient_evaluations_per_step() > 1
 
 
+def refusal(mode: str, method: Any, task: Any, materialise: bool = False,
+            precision: str = "32-true") -> str | None:
+    """Return the one-line refusal of the engine of ``mode`` for this run, or None.
+
+    Read from the engine's declared capabilities (the protocol's class attributes): whether
+    it materialises per-example gradients, takes several evaluation points, and hands its
+    quantities over in float32 under mixed precision.
+    """
+    engine, need = ENGINES[mode], needs_materialised(method, task, materialise)
+    name = f"trainer.grad_sample_mode={mode}"
+    if need is not None and not engine.materialises:
+        return (f"{name} forms clipped sums only, but {need}: use "
+                "trainer.grad_sample_mode=hooks (or auto)")
+    if combines_points(method) and not engine.combines_points_supported:
+        return (f"{name} forms the clipped sum of one evaluation point, but method "
+                f"{method.name!r} combines per-example gradients of "
+                f"{method.gradient_evaluations_per_step()} evaluation points: use "
+                "trainer.grad_sample_mode=bk, hooks or auto")
+    if precision != "32-true" and not engine.float32_handover:
+        return (f"trainer.precision={precision} needs an engine that hands its per-example "
+                f"quantities over in float32 (bk, hooks, functorch or auto), not {name}")
+    return None
+
+
 def choose_grad_sample_mode(requested: str, model: nn.Module, method: Any, task: Any,
-                            materialise: bool = False) -> str:
+                            materialise: bool = False, precision: str = "32-true") -> str:
     """Return the engine mode to run: ``requested``, or for ``auto`` bk where exact, else hooks.
 
-    Raises ``ConfigError`` when ``bk`` is requested for a run that needs per-example gradients.
+    Raises ``ConfigError`` when the requested engine cannot run this method and task.
     """
-    need = needs_materialised(method, task, materialise)
-    if requested == "bk" and need is not None:
-        raise ConfigError(f"trainer.grad_sample_mode=bk forms clipped sums only, but {need}: "
-                          "use trainer.grad_sample_mode=hooks (or auto)")
-    if requested == "ghost" and (need is not None or combines_points(method)):
-        why = need or (f"method {method.name!r} combines per-example gradients of "
-                       f"{method.gradient_evaluations_per_step()} evaluation points")
-        raise ConfigError(f"trainer.grad_sample_mode=ghost forms the clipped sum of one "
-                          f"evaluation point by a second backward, but {why}: use "
-                          "trainer.grad_sample_mode=bk, hooks or auto")
     if requested != "auto":
+        why = refusal(requested, method, task, materialise, precision)
+        if why is not None:
+            raise ConfigError(why)
         return requested
+    need = needs_materialised(method, task, materialise)
     if need is not None:
         log.info("grad_sample_mode=auto: hooks (%s)", need)
         return "hooks"
@@ -75,11 +96,9 @@ def choose_grad_sample_mode(requested: str, model: nn.Module, method: Any, task:
     return "bk"
 
 
-def build_engine(model: nn.Module, mode: str) -> PerExampleGradients | BookKeepingGradients:
+def build_engine(model: nn.Module, mode: str) -> Engine:
     """Return the engine for a resolved ``mode`` (not ``auto``)."""
-    if mode == "bk":
-        return BookKeepingGradients(model)
-    return PerExampleGradients(model, mode)
+    return ENGINES[mode](model)
 
 
 def _one_line(err: BaseException) -> str:
@@ -88,8 +107,8 @@ def _one_line(err: BaseException) -> str:
 
 
 def build_verified_engine(requested: str, model: nn.Module, method: Any, task: Any,
-                          verifier: EngineVerifier,
-                          materialise: bool = False) -> tuple[Engine, EngineCheck, list[dict]]:
+                          verifier: EngineVerifier, materialise: bool = False,
+                          precision: str = "32-true") -> tuple[Engine, EngineCheck, list[dict]]:
     """Return (engine, its passed check, the engines rejected before it, with why).
 
     ``verifier`` runs the per-run check (``engine_check.EngineVerifier``); its plain-autograd
@@ -101,7 +120,7 @@ def build_verified_engine(requested: str, model: nn.Module, method: Any, task: A
     moves on to the next. None passing refuses the run. All of this happens before any
     release.
     """
-    first = choose_grad_sample_mode(requested, model, method, task, materialise)
+    first = choose_grad_sample_mode(requested, model, method, task, materialise, precision)
     verifier.prepare()
     rejected: list[dict] = []
     if requested == "auto":

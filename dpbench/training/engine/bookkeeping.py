@@ -13,27 +13,36 @@ parameter gradient is formed) yields the output gradients ``g``. Then, per layer
    weight-gradient call per layer).
 
 Neither a second backward (ghost clipping) nor a B x params tensor (Opacus hooks) is made.
-The engine has the interface of ``PerExampleGradients`` in ghost mode: methods that need only
-norms and factors use it. Methods that combine per-example gradients of several evaluation
-points before clipping (DiSK, FIBER, IVON with several samples) use ``combined_clipped_sum``:
-one forward and backward per point, and the per-layer rules form the norm of the combination,
-cross terms included, from the recorded activations and output gradients (``bk_layers``).
+The engine answers the protocol's ``clipped_sum`` (``protocol``) and materialises nothing:
+methods that need only norms and factors run on it. For methods that combine per-example
+gradients of several evaluation points before clipping (DiSK, FIBER, IVON with several
+samples) it runs one forward and backward per point, and the per-layer rules form the norm of
+the combination, cross terms included, from the recorded activations and output gradients
+(``bookkeeping_rules``).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from dpbench.errors import ConfigError
-from dpbench.training.bk_layers import Call, Calls, rule_for, unsupported_reason
+from dpbench.training.engine.bookkeeping_rules import Call, Calls, rule_for, unsupported_reason
+from dpbench.training.engine.protocol import (
+    ClippedSum,
+    FactorsFn,
+    LossFn,
+    Observer,
+    Point,
+    kept_examples,
+    per_example_refused,
+    zero_rows,
+)
 from dpbench.utils.tensors import parameters_at
-
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
 
 def trainable_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -55,10 +64,13 @@ def bk_unsupported(model: nn.Module) -> str | None:
     return None
 
 
-class BookKeepingGradients:
+class BookKeepingEngine:
     """Hooks a model once; returns clipped sums, norms and factors from one backward per point."""
 
     mode = "bk"
+    materialises = False
+    combines_points_supported = True
+    float32_handover = True
 
     def __init__(self, model: nn.Module) -> None:
         reason = bk_unsupported(model)
@@ -111,13 +123,11 @@ class BookKeepingGradients:
         return repr(self._layer_names.get(module) or type(module).__name__)
 
     def per_example(self, loss_fn: LossFn, batch) -> tuple[list[torch.Tensor], torch.Tensor]:
-        raise ConfigError("book-keeping forms clipped sums, not per-example gradients; this "
-                          "method needs them: use trainer.grad_sample_mode=hooks (or auto)")
+        raise per_example_refused(self.mode)
 
     def _forward_backward(self, loss_fn: LossFn, batch, weight: float = 1.0):
-        """Return (losses, loss finite mask, {module: [calls]}) after one forward + backward.
-
-        ``weight`` scales the output gradients (a point's weight in a combination).
+        """Return (losses, whether all are finite, {module: [calls]}) after one forward and
+        one backward. ``weight`` scales the output gradients (a point's weight).
         """
         self._records = []
         self._recording = True
@@ -127,11 +137,10 @@ class BookKeepingGradients:
             self._recording = False
         records, self._records = self._records, []
         total = losses.sum()
-        finite = None  # None: every loss is finite (one check of the sum, not B)
-        if not bool(torch.isfinite(total)):
-            # a non-finite loss contributes 0: masked before the backward (and its factor is 0)
-            finite = torch.isfinite(losses.detach())
-            total = torch.where(finite, losses, torch.zeros_like(losses)).sum()
+        all_finite = bool(torch.isfinite(total))  # one check of the sum, not B
+        if not all_finite:  # a dropped example's loss is masked before the backward
+            total = torch.where(torch.isfinite(losses.detach()), losses,
+                                torch.zeros_like(losses)).sum()
         if weight != 1.0:
             total = total * weight
         n = losses.shape[0] if losses.dim() else 0
@@ -163,53 +172,42 @@ class BookKeepingGradients:
                 raise ConfigError(f"book-keeping: layer {self._name(module)} is called "
                                   f"{len(calls)} times in one forward; use "
                                   "trainer.grad_sample_mode=hooks")
-        return losses.detach(), finite, layers
+        return losses.detach(), all_finite, layers
 
-    def ghost_clipped_sum(
-        self, loss_fn: LossFn, batch, factors_fn: Callable[[torch.Tensor], torch.Tensor]
-    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Return (sum_i f_i g_i per parameter, norms, factors, kept losses, kept); no g_i built.
+    def clipped_sum(self, loss_fn: LossFn, batch: Any, points: Sequence[Point],
+                    factors_fn: FactorsFn, observe: Observer | None = None) -> ClippedSum:
+        """The protocol's call: ``sum_i f_i d_i`` for ``d_i = sum_k w_k g_i(theta + delta_k)``.
 
-        The interface of ``PerExampleGradients.ghost_clipped_sum``: an example whose loss or
-        norm is non-finite is dropped (norm and factor 0, ``kept`` False, its loss left out);
-        its loss is masked before the single backward and its rows are zeroed before the
-        clipped sums (0 * inf would be NaN), so no second pass is needed.
+        One point (most methods): one forward and one backward. Several: DiSK's observation
+        ``u_i = (1 - a) g_i(theta) + a g_i(theta + gamma d)`` (Zhang et al. 2024, their
+        observation u_t, docs/fiber-disk-adambc.md; FIBER's alike) and IVON's average over
+        posterior samples, with one forward and one backward per point, each with its output
+        gradients scaled by w_k; each layer's calls at the points are then one call list,
+        whose rule gives ``||d_i||^2`` with the cross terms ``2 w_k w_l <g_i(x_k), g_i(x_l)>``
+        (the ghost inner products of ``bookkeeping_rules``) and the clipped sum as one
+        re-weighted weight gradient per point. No per-example gradient is materialised.
+
+        A dropped example (``kept_examples``: a non-finite loss at any point, or norm) has
+        its loss masked before the backward and its rows zeroed before the clipped sums
+        (0 * inf would be NaN), so no second pass is needed; the losses returned are the kept
+        ones of the first point. ``observe`` gets the kept examples' per-layer norms.
         """
-        losses, finite, layers = self._forward_backward(loss_fn, batch)
-        return self._clip(losses, finite, layers, factors_fn)
-
-    def combined_clipped_sum(
-        self, loss_fn: LossFn, batch, points: Sequence[Any],
-        factors_fn: Callable[[torch.Tensor], torch.Tensor]
-    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Return ``ghost_clipped_sum``'s values for ``d_i = sum_k w_k g_i(theta + delta_k)``.
-
-        DiSK's observation ``u_i = (1 - a) g_i(theta) + a g_i(theta + gamma d)`` (Zhang et al.
-        2024, their observation u_t, docs/fiber-disk-adambc.md; FIBER's alike) and IVON's
-        average over posterior samples.
-
-        ``points`` are the method's evaluation points (``weight`` w_k, ``offsets`` delta_k or
-        None). One forward and one backward per point, each with its output gradients scaled
-        by w_k; each layer's calls at the points are then one call list, whose rule gives
-        ``||d_i||^2`` with the cross terms ``2 w_k w_l <g_i(x_k), g_i(x_l)>`` (the ghost
-        inner products of the module doc) and the clipped sum ``sum_i f_i d_i`` as one
-        re-weighted weight gradient per point. No per-example gradient is materialised. An
-        example is dropped if its loss is non-finite at any point (or its norm is); the losses
-        returned are those of the first point, as the materialised path reports them.
-        """
-        losses, finite, layers = None, None, {}
+        point_losses, all_finite, layers = [], True, {}
         for point in points:
             with parameters_at(self.params, point.offsets):
-                point_losses, point_finite, point_layers = self._forward_backward(
-                    loss_fn, batch, point.weight)
-            if losses is None:
-                losses = point_losses
-            if point_finite is not None:
-                finite = point_finite if finite is None else finite & point_finite
+                point_loss, finite, point_layers = self._forward_backward(loss_fn, batch,
+                                                                          point.weight)
+            point_losses.append(point_loss)
+            all_finite &= finite
             for module, calls in point_layers.items():
                 layers.setdefault(module, []).extend(calls)
-        return self._clip(losses, finite, {m: self._same_inputs_merged(m, calls)
-                                           for m, calls in layers.items()}, factors_fn)
+        if len(points) > 1:
+            layers = {m: self._same_inputs_merged(m, calls) for m, calls in layers.items()}
+        result = self._clip(point_losses, all_finite, layers, factors_fn)
+        if observe is not None and bool(result.kept.any()):  # diagnostics only
+            rows = result.kept.to(result.norms.device)
+            observe({k: v[rows] for k, v in self.layer_norms().items()}, result.norms[rows])
+        return result
 
     def _check_inputs(self, module: nn.Module, calls: Calls) -> None:
         """Refuse a layer whose recorded input was modified in place after the layer read it
@@ -243,27 +241,28 @@ class BookKeepingGradients:
                 merged.append(c)
         return merged
 
-    def _clip(self, losses: torch.Tensor, finite: torch.Tensor | None,
-              layers: dict[nn.Module, Calls],
-              factors_fn: Callable[[torch.Tensor], torch.Tensor]):
-        """Return (sums, norms, factors, kept losses, kept) from the layers' calls."""
+    def _clip(self, point_losses: list[torch.Tensor], all_finite: bool,
+              layers: dict[nn.Module, Calls], factors_fn: FactorsFn) -> ClippedSum:
+        """Return the ``ClippedSum`` of the layers' calls (the points' losses decide which
+        examples are kept, with the norms: ``kept_examples``)."""
+        losses = point_losses[0]
         kept_grads: dict[nn.Parameter, torch.Tensor] = {}  # instantiated per-example grads
         self._layer_norm_sq = {m: self._rules[m].norm_sq(m, calls, kept_grads)
                                for m, calls in layers.items()}
         norm_sq = sum(self._layer_norm_sq.values()) if layers else torch.zeros_like(losses)
         norms = norm_sq.sqrt()
-        if finite is None and bool(torch.isfinite(norm_sq.sum())):
+        if all_finite and bool(torch.isfinite(norm_sq.sum())):  # the rule, on the sums
             factors = factors_fn(norms).to(norms.dtype)
             kept = torch.ones(len(norms), dtype=torch.bool)
-        else:  # NaN/Inf example: contributes exactly 0 (its rows zeroed too: 0 * inf is NaN)
-            ok = torch.isfinite(norms) if finite is None else finite & torch.isfinite(norms)
+        else:  # a dropped example contributes exactly 0 (its rows zeroed: 0 * inf is NaN)
+            ok = kept_examples(norms, point_losses)
             norms = torch.where(ok, norms, torch.zeros_like(norms))
             factors = torch.where(ok, factors_fn(norms).to(norms.dtype), torch.zeros_like(norms))
-            layers = {m: [Call(_zero_rows(c.a, ok), _zero_rows(c.g, ok), c.state)
+            layers = {m: [Call(zero_rows(c.a, ok), zero_rows(c.g, ok), c.state)
                           for c in calls] for m, calls in layers.items()}
             self._layer_norm_sq = {m: torch.where(ok, v, torch.zeros_like(v))
                                    for m, v in self._layer_norm_sq.items()}
-            kept_grads = {p: _zero_rows(v, ok) for p, v in kept_grads.items()}
+            kept_grads = {p: zero_rows(v, ok) for p, v in kept_grads.items()}
             kept = ok.cpu()
             losses = losses[ok]
         sums = {p: torch.einsum("b,b...->...", factors, v) for p, v in kept_grads.items()}
@@ -272,7 +271,7 @@ class BookKeepingGradients:
                 sums.update(self._rules[module].clipped(module, calls, factors))
         zeros = torch.zeros_like
         out = [sums[p] if p in sums else zeros(p) for p in self.params]
-        return out, norms, factors, losses, kept
+        return ClippedSum(out, norms, factors, losses, kept)
 
     def layer_norms(self) -> dict[str, torch.Tensor]:
         """Return {layer name: [B, 1] per-example norm of its gradient} of the last call.
@@ -301,8 +300,3 @@ def _same_tensor(x: torch.Tensor, y: torch.Tensor) -> bool:
     return (x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
             and x.dtype == y.dtype and x.device == y.device)
 
-
-def _zero_rows(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    if not x.is_floating_point():  # embedding indices
-        return x
-    return torch.where(keep.view(-1, *([1] * (x.dim() - 1))), x, torch.zeros_like(x))

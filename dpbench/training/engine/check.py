@@ -47,7 +47,6 @@ from torch.utils.data import default_collate
 
 from dpbench.errors import ConfigError
 from dpbench.training.checkpoint import rng_state, set_rng_state
-from dpbench.training.per_example import flat_norms
 from dpbench.utils.tensors import move_to, parameters_at
 
 #: examples whose gradients are checked one at a time
@@ -208,55 +207,21 @@ def _reference(model: nn.Module, params: Sequence[torch.Tensor], loss_fn: LossFn
     return kept, grads, total
 
 
-def _materialised(engine: Any, loss_fn: LossFn, batch,
-                  points: Sequence[CheckPoint] | None) -> tuple[list[torch.Tensor],
-                                                                torch.Tensor]:
-    """Return an Opacus engine's per-example gradients (of the points' combination) and the
-    losses (of the first point), combined as the loop's release combines them."""
-    if points is None:
-        return engine.per_example(loss_fn, batch)
-    combined, first_losses, kept = None, None, None
-    for point in points:
-        with parameters_at(engine.params, point.offsets):
-            grads, losses = engine.per_example(loss_fn, batch)
-        finite = torch.isfinite(losses)
-        kept = finite if kept is None else kept & finite
-        first_losses = losses if first_losses is None else first_losses
-        scaled = [point.weight * g for g in grads]
-        combined = scaled if combined is None else [c + g for c, g in zip(combined, scaled)]
-    return combined, torch.where(kept, first_losses, torch.full_like(first_losses, math.nan))
-
-
 def _engine_sums(engine: Any, loss_fn: LossFn, batch, clip: float, streams: _Streams,
                  points: Sequence[CheckPoint] | None = None) -> tuple[
                      torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """Return (norms, kept, clipped sums, unclipped sums) as the engine computes them, of one
-    point or (``points``) of the points' combination."""
+    """Return (norms, kept, clipped sums, unclipped sums) from the engine's protocol call
+    (``clipped_sum``, the loop's own), of one point or (``points``) of their combination."""
     def clip_factors(norms: torch.Tensor) -> torch.Tensor:
         return (clip / norms.clamp_min(1e-30)).clamp(max=1.0)
 
-    if engine.mode in ("bk", "ghost"):
-        def sums(factors_fn):
-            streams.reset()
-            if points is None:
-                return engine.ghost_clipped_sum(loss_fn, batch, factors_fn)
-            return engine.combined_clipped_sum(loss_fn, batch, points, factors_fn)
+    def sums(factors_fn):
+        streams.reset()
+        return engine.clipped_sum(loss_fn, batch, points or [CheckPoint()], factors_fn)
 
-        clipped, norms, _, _, kept = sums(clip_factors)
-        unclipped, _, _, _, _ = sums(torch.ones_like)
-        return norms, kept.cpu(), clipped, unclipped
-    streams.reset()
-    grads, losses = _materialised(engine, loss_fn, batch, points)
-    norms = flat_norms(grads)
-    kept = (torch.isfinite(norms) & torch.isfinite(losses)).cpu()
-    mask = kept.to(norms.device)
-    norms = torch.where(mask, norms, torch.zeros_like(norms))
-    factors = torch.where(mask, clip_factors(norms), torch.zeros_like(norms))
-    clipped = [torch.einsum("i,i...->...", factors.to(g.dtype), torch.where(
-        mask.view(-1, *[1] * (g.dim() - 1)), g, torch.zeros_like(g))) for g in grads]
-    unclipped = [torch.einsum("i,i...->...", mask.to(g.dtype), torch.where(
-        mask.view(-1, *[1] * (g.dim() - 1)), g, torch.zeros_like(g))) for g in grads]
-    return norms, kept, clipped, unclipped
+    clipped, norms, _, _, kept = sums(clip_factors)
+    unclipped = sums(torch.ones_like).sums
+    return norms, kept.cpu(), clipped, unclipped
 
 
 def _relative(actual: torch.Tensor, reference: torch.Tensor, floor: float) -> float:
@@ -457,3 +422,14 @@ def _compare(check: EngineCheck, engine: Any, loss_fn: LossFn, batch, streams: _
         if base not in seen:
             seen.append(base)
     check.failures = seen
+
+
+def record_check(records: list[dict[str, Any]], check: EngineCheck, when: str,
+                 step: int) -> None:
+    """Append ``check`` to a run's check records; refuse the run if it failed."""
+    if not check.passed:
+        raise ConfigError(f"the per-run engine check failed ({when}), refusing to release: "
+                          f"{check.line()}")
+    records.append({"when": when, "step": step, "engine": check.engine,
+                    "examples": check.examples, "tolerance": check.tolerance,
+                    "worst_error": check.worst_error, "seconds": round(check.seconds, 4)})

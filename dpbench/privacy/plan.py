@@ -1,0 +1,98 @@
+"""The mechanism fixed before training: sampling rate, steps, delta and the calibrated sigma.
+
+``plan_privacy`` checks the settings that depend on the data set's size and calibrates the
+noise multiplier for the target epsilon (or checks a given one is accountable), before any
+model is built or any example is read. The loop releases under this plan; the audit sizes its
+canaries from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dpbench.errors import ConfigError, PrivacyError
+from dpbench.privacy.accountant import check_accountable
+from dpbench.privacy.accountant import default_delta as compute_default_delta
+from dpbench.privacy.banded_mf import amplified_equivalent
+from dpbench.privacy.calibration import calibrate_noise_multiplier
+from dpbench.privacy.ledger import combined_noise_multiplier
+
+
+@dataclass
+class PrivacyPlan:
+    """The mechanism fixed before training: rate, steps, delta and calibrated sigma."""
+
+    private: bool
+    sample_rate: float
+    expected_batch_size: float
+    steps_per_epoch: int
+    total_steps: int
+    delta: float | None
+    noise_multiplier: float
+    accountant: str | None
+    target_epsilon: float | None
+    bands: int = 1  # cyclic Poisson over b partitions: accounted as DP-SGD at b q, T / b steps
+
+
+
+def plan_privacy(privacy: Any, trainer: Any, dataset_size: int, private: bool,
+                 bands: int | None = None) -> PrivacyPlan:
+    """Check the data-dependent settings and calibrate sigma; raise ConfigError if impossible.
+
+    ``privacy`` and ``trainer`` are the run's ``PrivacyConfig`` and ``TrainerConfig``
+    (``dpbench.config.schema``, a layer above: read by attribute).
+
+    ``bands`` = b (cyclic Poisson sampling): sigma is calibrated for the equivalent DP-SGD,
+    rate b q and ceil(T / b) steps (``amplified_equivalent``).
+    """
+    n = dataset_size
+    if trainer.batch_size > n:
+        raise ConfigError(f"trainer.batch_size must be <= N = {n} training examples "
+                          f"(got {trainer.batch_size})")
+    q = trainer.batch_size / n
+    steps_per_epoch = max(int(1 / q), 1)  # as Opacus's DPDataLoader: int(1 / q) per epoch
+    total = trainer.epochs * steps_per_epoch
+    b = bands or 1
+    if b * q > 1:
+        raise ConfigError(f"method.settings.bands * trainer.batch_size must be <= N = {n} "
+                          f"(cyclic Poisson samples each of the b partitions at rate b B / N; "
+                          f"got bands={b}, batch_size={trainer.batch_size})")
+    if b > total:
+        raise ConfigError(f"method.settings.bands must be <= the run's {total} steps "
+                          f"(got {b}); lower it or train longer")
+    rate, steps = amplified_equivalent(q, total, b)
+    private = private and privacy.enabled
+    if not private:
+        return PrivacyPlan(False, q, q * n, steps_per_epoch, total, None, 0.0, None,
+                           privacy.target_epsilon, b)
+    delta = privacy.delta if privacy.delta is not None else compute_default_delta(n)
+    if delta >= 1.0 / n:
+        raise ConfigError(f"privacy.delta must be < 1/N = {1.0 / n:.3g} (got {delta:.3g})")
+    if privacy.noise_multiplier is not None:
+        sigma, accountant, target = float(privacy.noise_multiplier), privacy.accountant, None
+        check_accountable(sigma, q, total, delta, accountant)
+    else:
+        sigma, accountant = calibrate_noise_multiplier(
+            privacy.target_epsilon, delta, rate, steps, privacy.accountant)
+        target = privacy.target_epsilon
+    return PrivacyPlan(True, q, q * n, steps_per_epoch, total, delta, sigma, accountant, target,
+                       b)
+
+
+def account_release(plan: PrivacyPlan, ledger: Any, accountant: Any, step: int,
+                    queries: list[Any]) -> None:
+    """Record step ``step``'s released queries in the ledger and the accountant.
+
+    Refuses a release noised below the calibrated multiplier. Cyclic Poisson sampling: b
+    steps are one DP-SGD step at rate b q (BandMF, Thm 4), accounted at the first of them,
+    before it can fail.
+    """
+    sigma = combined_noise_multiplier(queries)
+    if sigma < plan.noise_multiplier * (1 - 1e-9):
+        raise PrivacyError(f"step {step} released noise multiplier {sigma:.6g}, below the "
+                           f"calibrated {plan.noise_multiplier:.6g}")
+    if step % plan.bands:
+        return
+    rate = plan.bands * plan.sample_rate
+    accountant.step(noise_multiplier=ledger.record(rate, queries), sample_rate=rate)

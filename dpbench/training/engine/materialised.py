@@ -1,0 +1,150 @@
+"""Materialised per-example gradients through Opacus (``hooks``, ``functorch``).
+
+* ``hooks``: ``GradSampleModule`` with Opacus's per-layer samplers (functorch for the rest);
+* ``functorch``: ``GradSampleModule(force_functorch=True)`` (vmap over every layer).
+
+The engine offers the per-example gradients themselves (``per_example``: methods that read
+them, gradient diagnostics, the audit's canaries) and the protocol's ``clipped_sum``, which
+forms them at each evaluation point and combines, clips and sums them (``clip_materialised``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from opacus import GradSampleModule
+from torch import nn
+
+from dpbench.errors import ConfigError
+from dpbench.training.engine.protocol import (
+    ClippedSum,
+    FactorsFn,
+    LossFn,
+    Observer,
+    Point,
+    kept_examples,
+    zero_rows,
+)
+from dpbench.utils.tensors import parameters_at
+
+# Opacus registers full backward hooks; with inputs that need no grad (data) torch warns each
+# backward although the per-example gradients are exact (tests compare them one by one).
+warnings.filterwarnings("ignore", message="Full backward hook is firing")
+PerExampleFn = Callable[[LossFn, Any], tuple[list[torch.Tensor], torch.Tensor]]
+
+
+class MaterialisedEngine:
+    """Wraps a model once in Opacus's ``GradSampleModule``; returns per-example gradients."""
+
+    mode = "hooks"
+    materialises = True
+    combines_points_supported = True
+    float32_handover = True
+    #: vmap over every layer instead of Opacus's per-layer samplers
+    force_functorch = False
+
+    def __init__(self, model: nn.Module) -> None:
+        self.combines_points = False
+        self.module: nn.Module = GradSampleModule(model, batch_first=True, loss_reduction="sum",
+                                                  force_functorch=self.force_functorch)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.names = [n for n, p in model.named_parameters() if p.requires_grad]
+
+    def close(self) -> None:
+        """Remove Opacus's hooks from the model (the loop falls back to another engine)."""
+        self._clear()
+        self.module._close()
+
+    def _clear(self) -> None:
+        for p in self.params:
+            p.grad = None
+            p.grad_sample = None
+
+    def per_example(self, loss_fn: LossFn, batch: Any) -> tuple[list[torch.Tensor],
+                                                                 torch.Tensor]:
+        """Return ([b, *p.shape] per parameter, losses [b]) for ``batch``."""
+        self._clear()
+        losses = loss_fn(self.module, batch)
+        losses.sum().backward()
+        n = losses.shape[0]
+        grads = []
+        for name, p in zip(self.names, self.params):
+            sample = p.grad_sample
+            if sample is None:
+                self._clear()
+                raise ConfigError(f"grad_sample_mode={self.mode}: Opacus computed no "
+                                  f"per-example gradient for parameter {name!r} (a weight "
+                                  "computed in the forward or used outside its layer)")
+            if sample.dim() == 0 or sample.shape[0] != n:
+                self._clear()
+                raise ConfigError(f"grad_sample_mode={self.mode}: parameter {name!r} has "
+                                  f"per-example gradients of leading size {sample.shape[0]}, "
+                                  f"not the {n} examples of the batch (a time-first layer "
+                                  "or examples folded into another axis)")
+            grads.append(sample.detach().to(p.dtype))  # bf16-mixed: float32 from here
+        self._clear()
+        return grads, losses.detach()
+
+    def clipped_sum(self, loss_fn: LossFn, batch: Any, points: Sequence[Point],
+                    factors_fn: FactorsFn, observe: Observer | None = None) -> ClippedSum:
+        """The protocol's call, from the materialised gradients (``clip_materialised``)."""
+        return clip_materialised(self.per_example, self.params, self.names, loss_fn, batch,
+                                 points, factors_fn, observe)
+
+
+class HooksEngine(MaterialisedEngine):
+    """``hooks``: Opacus's per-layer grad samplers (functorch for layers it has none for)."""
+
+    mode = "hooks"
+
+
+class FunctorchEngine(MaterialisedEngine):
+    """``functorch``: ``GradSampleModule(force_functorch=True)``, vmap over every layer."""
+
+    mode = "functorch"
+    force_functorch = True
+
+
+def clip_materialised(per_example: PerExampleFn, params: Sequence[nn.Parameter],
+                      names: Sequence[str], loss_fn: LossFn, batch: Any,
+                      points: Sequence[Point], factors_fn: FactorsFn,
+                      observe: Observer | None = None) -> ClippedSum:
+    """Return ``ClippedSum`` from per-example gradients: Algorithm 1 of Abadi et al. (2016)
+    on the combination ``u_i = sum_k w_k g_i(theta + delta_k)`` (docs/adding-a-method.md,
+    stage 4), clipped by the method's factors and summed: ``sum_i f_i u_i``.
+
+    ``per_example`` is an engine's (or a wrapper's, e.g. the audit's canaries) call.
+    """
+    combined, losses = None, []
+    for point in points:
+        with parameters_at(params, point.offsets):
+            grads, point_loss = per_example(loss_fn, batch)
+        losses.append(point_loss)
+        if combined is None:
+            combined = grads if point.weight == 1.0 else [point.weight * g for g in grads]
+        else:
+            for c, g in zip(combined, grads):
+                c.add_(g, alpha=point.weight)
+    norms = flat_norms(combined)
+    kept = kept_examples(norms, losses).cpu()
+    loss = losses[0]
+    if not bool(kept.all()):  # a dropped example contributes 0 (its rows zeroed)
+        combined = [zero_rows(c, kept) for c in combined]
+        norms = torch.where(kept.to(norms.device), norms, torch.zeros_like(norms))
+        loss = loss[kept[:len(loss)].to(loss.device)]
+    if observe is not None and bool(kept.any()):  # diagnostics only (off by default)
+        rows = kept.to(norms.device)
+        observe({k: g[rows] for k, g in zip(names, combined)}, norms[rows])
+    factors = factors_fn(norms)
+    factors = torch.where(kept.to(factors.device), factors, torch.zeros_like(factors))
+    sums = [torch.einsum("i,i...->...", factors.to(c.dtype), c) for c in combined]
+    return ClippedSum(sums, norms, factors, loss, kept)
+
+
+def flat_norms(per_example: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Return ||g_i||_2 over all parameters for each example."""
+    norms = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) for g in per_example]
+    return torch.linalg.vector_norm(torch.stack(norms, dim=0), dim=0)

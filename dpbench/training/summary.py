@@ -1,0 +1,87 @@
+"""The schema of ``results.json``: what one run records, from the trainer's public state.
+
+The sinks (``dpbench.logging``) write it; the readers (``dpbench.analysis``) read it. Headline
+metrics come from test data or released (noisy) values only; what is computed on training
+data without noise sits under ``unprivatised_diagnostics`` with a note saying so
+(docs/privacy-unit-and-streams.md). Files written before that name read their
+``private_diagnostics`` the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: what results.json says about ``unprivatised_diagnostics`` (see docs/privacy-unit-and-streams.md)
+UNPRIVATISED_DIAGNOSTICS_NOTE = (
+    "NOT PRIVATISED: computed on the training data without noise (e.g. per-example gradient "
+    "norms). Not covered by epsilon; do not publish. Headline metrics are computed on test "
+    "data or from released (noisy) quantities only.")
+
+
+
+def engine_check_record(trainer: Any) -> dict[str, Any] | None:
+    """Return results.json's ``engine_check``: what was verified (no data-derived values:
+    the worst errors, computed on training examples, are under ``unprivatised_diagnostics``)."""
+    checks = trainer.engine_checks
+    if not checks:
+        return None
+    return {"engine": trainer.grad_sample_mode,
+            "verified": "per-example norms, clipped and unclipped sums against plain "
+                        "autograd, before the first release and after each resume",
+            "examples": checks[-1]["examples"], "tolerance": checks[-1]["tolerance"],
+            "checks": [{k: c[k] for k in ("when", "step", "engine", "seconds")} for c in checks],
+            "rejected": trainer.engine_rejected}
+
+
+def unprivatised_diagnostics(trainer: Any) -> dict[str, Any]:
+    """Return the un-privatised training diagnostics, apart from the headline metrics."""
+    history = trainer.unprivatised_history
+    final = history[-1] if history else {}
+    out = {"note": UNPRIVATISED_DIAGNOSTICS_NOTE,
+           "final": {k: v for k, v in final.items() if k not in ("epoch", "step")},
+           "history": history}
+    if trainer.engine_checks:  # the per-run check's worst relative error, on training rows
+        out["engine_check"] = [{k: c[k] for k in ("when", "step", "worst_error")}
+                               for c in trainer.engine_checks]
+    return out
+
+
+def run_summary(trainer: Any) -> dict[str, Any]:
+    """Return the run's privacy facts, final metrics and history (results.json's fields)."""
+    plan = trainer.plan
+    final = trainer.history[-1] if trainer.history else {}
+    metrics = {k: v for k, v in final.items() if k not in ("epoch", "step", "epsilon")}
+    return {
+        "private": plan.private,
+        "target_epsilon": plan.target_epsilon,
+        "epsilon": trainer.epsilon(),
+        "delta": plan.delta,
+        "noise_multiplier": plan.noise_multiplier,
+        "sample_rate": plan.sample_rate,
+        "participation_bands": plan.bands,  # accounted at rate b q, ceil(T / b) steps
+        "expected_batch_size": plan.expected_batch_size,
+        "steps": trainer.step,
+        "planned_steps": plan.total_steps,
+        "skipped_steps": trainer.skipped_steps,
+        "accountant": trainer.accountant.mechanism if trainer.accountant else None,
+        "clip_norm": trainer.clip_norm if plan.private else None,
+        "grad_sample_mode": trainer.grad_sample_mode,
+        "dataset_size": len(trainer.data.train),
+        # what one "example" of epsilon protects (time series: window or observation)
+        "privacy_unit": trainer.data.extras.get("privacy_unit", "example"),
+        "metrics": metrics,
+        "history": trainer.history,
+        "step_history": trainer.step_history,
+        "unprivatised_diagnostics": unprivatised_diagnostics(trainer),
+        "privacy_ledger": trainer.ledger.to_json(),
+        "method_summary": trainer.method.summary(),
+        "wall_time_s": trainer.wall_time_s,
+        # how it ran: K processes (one mask, noise once: distributed.py), the forward's
+        # precision (the mechanism is float32 either way) and each rank's device
+        "world_size": trainer.collective.world_size,
+        "precision": trainer.settings.precision,
+        "devices": trainer.devices,
+        "data_notes": list(trainer.data.notes),
+        # private runs: what the per-run check verified (engine_check_record)
+        **({"engine_check": engine_check_record(trainer)} if trainer.engine_checks else {}),
+    }

@@ -1,0 +1,63 @@
+"""Stages 7-9 of a step: the method's post-processing and update of a release.
+
+Everything here reads released (noisy) values only, so it cannot change epsilon
+(docs/adding-a-method.md). A release, its post-processing or the updated parameters that are
+not finite are skipped (``trainer.nonfinite=skip``: the model and method state are put back)
+or stop the run; a non-finite *example* never gets here, it was dropped before the noise.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from dpbench.errors import TrainingDiverged
+from dpbench.methods.base import DPMethod, StepContext
+from dpbench.training.step import Release
+
+
+def all_finite(*groups: Iterable[torch.Tensor]) -> bool:
+    """Return whether every tensor in ``groups`` (iterables of tensors) is finite."""
+    return all(bool(torch.isfinite(t).all()) for group in groups for t in group)
+
+
+def apply_release(method: DPMethod, params: Sequence[torch.nn.Parameter], release: Release,
+                  ctx: StepContext, skip: bool, epoch: int = 0) -> bool:
+    """Post-process and apply ``release``; return False if it was not finite and skipped.
+
+    With ``skip`` the parameters and the method's state are restored to what they were
+    before a step that was not finite; without it the run stops (``TrainingDiverged``).
+    """
+    saved = _snapshot(method, params) if skip else None
+    ok = all_finite(release.grads, release.noisy_extras.values())
+    if ok:
+        grads = method.postprocess(release.grads, ctx)
+        ok = all_finite(grads)
+    if ok:
+        method.update(grads, ctx)
+        method.after_step(release.noisy_extras, ctx)
+        ok = all_finite(params)
+    if not ok and not skip:
+        raise TrainingDiverged(
+            f"non-finite released gradient or update at step {ctx.step} (epoch {epoch}); the "
+            "last good checkpoint is kept. Lower the learning rate, or set "
+            "trainer.nonfinite=skip to skip such updates (they stay accounted)")
+    if not ok:
+        _restore(method, params, saved)
+    return ok
+
+
+def _snapshot(method: DPMethod, params: Sequence[torch.nn.Parameter]) -> dict[str, Any]:
+    return {"params": [p.detach().clone() for p in params],
+            "method": copy.deepcopy(method.state_dict())}
+
+
+def _restore(method: DPMethod, params: Sequence[torch.nn.Parameter],
+             saved: dict[str, Any]) -> None:
+    with torch.no_grad():
+        for p, v in zip(params, saved["params"]):
+            p.copy_(v)
+    method.load_state_dict(saved["method"])
