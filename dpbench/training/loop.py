@@ -41,7 +41,6 @@ from dpbench.training.run_state import (
     RunCheckpoint,
     restore_run_state,
     run_state,
-    state_from_main,
 )
 from dpbench.training.sampling import remaining_batches, training_loader
 from dpbench.training.step import (
@@ -93,11 +92,9 @@ def resolve_device(name: str, collective: Collective | None = None) -> torch.dev
 class Trainer:
     """Runs one method on one task under one privacy plan; resumable from its run dir.
 
-    Seams for what runs inside the loop without subclassing it: ``callbacks`` (the events
-    of ``Callback``), ``engine_wrapper`` (applied to the checked engine, e.g. the audit's
-    canary rows), ``materialise`` (``auto`` then builds an engine with per-example
-    gradients) and ``streams`` (extra random streams, checkpointed with the loop's).
-    """
+    Seams, so that nothing subclasses the loop: ``callbacks`` (``Callback``'s events),
+    ``engine_wrapper`` (around the checked engine: the audit's canaries), ``materialise``
+    (``auto`` builds an engine with per-example gradients), ``streams`` (checkpointed)."""
 
     def __init__(self, *, method: DPMethod, model: nn.Module, task: Task, data: TaskData,
                  privacy: PrivacyConfig, trainer: TrainerConfig, seed: int,
@@ -107,7 +104,7 @@ class Trainer:
                  engine_wrapper: Callable[[Engine], Engine] | None = None,
                  materialise: bool = False,
                  streams: dict[str, torch.Generator] | None = None) -> None:
-        self.method, self.float_task = method, task  # the per-run check's float32 forward
+        self.method = method
         self.collective = collective or Collective()  # 1 process unless torchrun (distributed.py)
         self.check_sensitivity = check_sensitivity  # False: the audit's broken mechanism only
         self.settings, self.seed, self.fingerprint = trainer, seed, fingerprint
@@ -123,6 +120,11 @@ class Trainer:
         self.engine_checks: list[dict[str, Any]] = []  # the per-run checks (initial, resumes)
         self.engine_rejected: list[dict[str, Any]] = []  # engines auto tried and rejected
         self.grad_sample_mode = self.engine = None
+        # the per-run engine check (float32 forward) on the first training rows, its own
+        # stream afresh each time: the run's results are those it would have without it
+        self._verifier = lambda: EngineVerifier(
+            self.model, task.per_example_loss, self.data.train, self.device, task=task,
+            generator=stream_generator(seed, "engine_check"))
         if self.plan.private:  # the engine is chosen and checked before any release
             self.engine, check, self.engine_rejected = build_verified_engine(
                 trainer.grad_sample_mode, self.model, method, task, self._verifier(),
@@ -162,17 +164,7 @@ class Trainer:
         self.step_history: list[dict[str, Any]] = []  # evaluations every eval_every_steps
         self.unprivatised_history: list[dict[str, Any]] = []  # un-privatised task diagnostics
         self.wall_time_s, self.skipped_steps = 0.0, 0
-        self._resume_checked = self._resumed = self._resume_verified = False
-
-    def _verifier(self) -> EngineVerifier:
-        """Return the per-run engine check on the first training examples (engine/check.py).
-
-        Its draws come from a stream of its own; the run's streams and torch's global RNG are
-        restored afterwards, so the run's results are those it would have without the check.
-        """
-        return EngineVerifier(self.model, self.float_task.per_example_loss, self.data.train,
-                              self.device, task=self.float_task,
-                              generator=stream_generator(self.seed, "engine_check"))
+        self._resume_verified = False  # the engine checked again after a resume
 
     def epsilon(self) -> float:
         return self.accountant.get_epsilon(self.plan.delta) if self.plan.private else math.inf
@@ -219,11 +211,12 @@ class Trainer:
     def evaluate(self) -> dict[str, Any]:
         return self.method.evaluate(self.task, self.model, self.test_loader, self.device)
 
-    def _collect_diagnostics(self, where: dict[str, int]) -> None:
-        """Append the task's un-privatised diagnostics since the last evaluation (if any)."""
-        diagnostics = self.task.diagnostics_summary()
+    def _evaluated(self, where: dict[str, int]) -> dict[str, Any]:
+        """Return the test metrics; file the task's un-privatised diagnostics apart."""
+        metrics, diagnostics = self.evaluate(), self.task.diagnostics_summary()
         if diagnostics:
             self.unprivatised_history.append({**where, **diagnostics})
+        return metrics
 
     def state_dict(self) -> dict[str, Any]:
         return run_state(self)
@@ -236,22 +229,9 @@ class Trainer:
         return self.checkpoint.path
 
     def maybe_resume(self) -> bool:
-        """Load the run dir's checkpoint when ``trainer.resume``; return whether one was found."""
-        if not self._resume_checked:  # the CLI resumes at setup, before fit
-            self._resume_checked, state = True, self.checkpoint.load()
-            if state is not None:
-                self.load_state_dict(state)
-                self._resumed = True
-                log.info("resumed from epoch %d (step %d)", self.epoch, self.step)
-        return self._resumed
-
-    def _sync_from_main(self) -> None:
-        """Start every rank of a K-process run from rank 0's state (a resumed one included)."""
-        received = state_from_main(self.collective, lambda: {"resumed": self._resumed,
-                                                             "state": self.state_dict()})
-        if received is not None:
-            self.load_state_dict(received["state"])
-            self._resumed = bool(received["resumed"])
+        """Load the run dir's checkpoint when ``trainer.resume``; return whether one was found
+        (the CLI resumes at set-up, before ``fit``)."""
+        return self.checkpoint.resume_into(self)
 
     def fit(self, stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         """Train for the planned epochs (continuing a resumed run); return the run summary.
@@ -260,8 +240,8 @@ class Trainer:
         it holds on any rank, the run checkpoints that step and raises ``Preempted``.
         """
         self.maybe_resume()
-        self._sync_from_main()
-        if self._resumed and self.plan.private and not self._resume_verified:
+        self.checkpoint.sync_from_main(self)
+        if self.checkpoint.resumed and self.plan.private and not self._resume_verified:
             # the resumed weights and this process's engine: checked again before releasing
             record_check(self.engine_checks, self._verifier().check(self.engine), "resume",
                          step=self.step)
@@ -278,8 +258,7 @@ class Trainer:
                 every = self.settings.eval_every_steps
                 if every and self.step % every == 0:
                     self.step_history.append({"step": self.step, "epsilon": self.epsilon(),
-                                              **self.evaluate()})
-                    self._collect_diagnostics({"step": self.step})
+                                              **self._evaluated({"step": self.step})})
                 if stop is not None and self.collective.any(stop(), self.device):
                     self.wall_time_s += time.perf_counter() - start
                     self.checkpoint.save(self)
@@ -291,8 +270,7 @@ class Trainer:
             row: dict[str, Any] = {"epoch": self.epoch, "step": self.step,
                                    "epsilon": self.epsilon()}
             if self.epoch == self.settings.epochs or self.epoch % self.settings.eval_every == 0:
-                row.update(self.evaluate())
-                self._collect_diagnostics({"epoch": self.epoch, "step": self.step})
+                row.update(self._evaluated({"epoch": self.epoch, "step": self.step}))
             self.history.append(row)
             self.checkpoint.save(self)
             self._emit("on_epoch_end", row)

@@ -89,6 +89,26 @@ class RunCheckpoint:
     def __init__(self, run_dir: Path | None, settings: Any) -> None:
         self.path = run_dir / CHECKPOINT_NAME if run_dir is not None else None
         self.write, self.resume = settings.checkpoint, settings.resume
+        self.looked = self.resumed = False  # whether a resume was tried, and succeeded
+
+    def resume_into(self, trainer: Any) -> bool:
+        """Put ``trainer`` back to the checkpoint once (when ``trainer.resume``); return
+        whether it was."""
+        if not self.looked:
+            self.looked, state = True, self.load()
+            if state is not None:
+                restore_run_state(trainer, state)
+                self.resumed = True
+                log.info("resumed from epoch %d (step %d)", trainer.epoch, trainer.step)
+        return self.resumed
+
+    def sync_from_main(self, trainer: Any) -> None:
+        """Start every rank of a K-process run from rank 0's state (a resumed one included)."""
+        received = state_from_main(trainer.collective, lambda: {
+            "resumed": self.resumed, "state": run_state(trainer)})
+        if received is not None:
+            restore_run_state(trainer, received["state"])
+            self.resumed = bool(received["resumed"])
 
     def save(self, trainer: Any) -> None:
         if self.write and self.path is not None:

@@ -136,3 +136,56 @@ def test_a_non_finite_update_is_skipped_from_released_quantities_and_restored():
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     for a, b in zip(before[3], before[2]):  # step 2 left the weights as they were
         assert torch.equal(a, b)
+
+
+class _PointLoss:
+    """A loss that is NaN for rows 1 and 4 at the second evaluation point only."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, model, batch):
+        x, y = batch
+        losses = torch.nn.functional.cross_entropy(model(x), y, reduction="none")
+        self.calls += 1
+        if self.calls % 2 == 0:  # the second point of each two-point call
+            mask = torch.zeros_like(losses, dtype=torch.bool)
+            mask[[1, 4]] = True
+            losses = torch.where(mask, losses * math.nan, losses)
+        return losses
+
+
+@pytest.mark.parametrize("mode", ["bk", "hooks", "functorch"])
+def test_every_engine_drops_an_example_non_finite_at_any_point(mode):
+    """The drop rule of the engine protocol (``kept_examples``): a loss that is non-finite at
+    one of two evaluation points drops the example from the clipped sum, for every engine,
+    and the sum equals that of the other examples alone."""
+    from dpbench.methods.base import EvalPoint
+
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(),
+                              torch.nn.Linear(4, 3)).double()  # against a float64 reference
+    x, y = torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 3, (6,))
+    engine = build_engine(net, mode)
+    offsets = [0.01 * torch.ones_like(p) for p in engine.params]
+    points = [EvalPoint(0.5), EvalPoint(0.5, offsets)]
+    got = engine.clipped_sum(_PointLoss(), (x, y), points, torch.ones_like)
+    assert got.kept.tolist() == [True, False, True, True, False, True]
+    assert got.norms[[1, 4]].eq(0).all() and got.factors[[1, 4]].eq(0).all()
+    keep = torch.tensor([0, 2, 3, 5])
+    plain = torch.nn.functional.cross_entropy
+    ref = [torch.zeros_like(p) for p in engine.params]
+    for point in points:  # sum_i (w_1 g_i(theta) + w_2 g_i(theta + delta)) over kept rows
+        with torch.no_grad():
+            for p, d in zip(engine.params, point.offsets or [0.0] * len(ref)):
+                p.add_(d)
+        loss = plain(net(x[keep]), y[keep], reduction="sum")
+        grads = torch.autograd.grad(loss, engine.params)
+        with torch.no_grad():
+            for p, d in zip(engine.params, point.offsets or [0.0] * len(ref)):
+                p.sub_(d)
+        ref = [r + point.weight * g for r, g in zip(ref, grads)]
+    tol = 1e4 * torch.finfo(torch.float64).eps
+    for a, b in zip(got.sums, ref):
+        assert torch.allclose(a, b, rtol=tol, atol=tol)
+    engine.close()

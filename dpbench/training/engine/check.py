@@ -220,7 +220,7 @@ def _engine_sums(engine: Any, loss_fn: LossFn, batch, clip: float, streams: _Str
         return engine.clipped_sum(loss_fn, batch, points or [CheckPoint()], factors_fn)
 
     clipped, norms, _, _, kept = sums(clip_factors)
-    unclipped = sums(torch.ones_like).sums
+    unclipped = sums(torch.ones_like)[0]
     return norms, kept.cpu(), clipped, unclipped
 
 
