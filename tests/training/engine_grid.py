@@ -635,37 +635,27 @@ def reference(case: Case, batch) -> list[list[torch.Tensor]]:
 
 
 def engine_outputs(engine, batch, clip: float):
-    """Return (norms, clipped sums) as the loop's release computes them (flat clipping at C)."""
-    from dpbench.training.engine.materialised import flat_norms
-
+    """Return (norms, clipped sums) as the loop's release computes them (flat clipping at C),
+    through the engine protocol's one call."""
     def factors(norms):
         return (clip / norms.clamp_min(1e-30)).clamp(max=1.0)
 
-    if engine.mode in ("bk", "ghost"):
-        sums, norms, _, _, _ = engine.clipped_sum(loss_fn, batch, ONE_POINT, factors)
-        return norms, sums
-    grads, _ = engine.per_example(loss_fn, batch)
-    norms = flat_norms(grads)
-    f = factors(norms)
-    return norms, [torch.einsum("i,i...->...", f, g) for g in grads]
+    sums, norms, _, _, _ = engine.clipped_sum(loss_fn, batch, ONE_POINT, factors)
+    return norms, sums
 
 
 def build(case: Case, mode: str):
     """Return the engine the loop would run for ``mode`` (with the per-run check if present)."""
+    from torch.utils.data import TensorDataset
+
     from dpbench.methods.dpsgd import DPSGD
-    from dpbench.training import engines
+    from dpbench.training.engine.check import EngineVerifier
+    from dpbench.training.engine.choice import build_verified_engine
 
-    method, task = DPSGD(), None
-    if hasattr(engines, "build_verified_engine"):
-        from torch.utils.data import TensorDataset
-
-        from dpbench.training.engine.check import EngineVerifier
-        data = TensorDataset(*batch_of(case))
-        verifier = EngineVerifier(case.model, loss_fn, data, torch.device("cpu"))
-        engine, _, _ = engines.build_verified_engine(mode, case.model, method, task, verifier)
-        return engine
-    resolved = engines.choose_grad_sample_mode(mode, case.model, method, task)
-    return engines.build_engine(case.model, resolved)
+    data = TensorDataset(*batch_of(case))
+    verifier = EngineVerifier(case.model, loss_fn, data, torch.device("cpu"))
+    engine, _, _ = build_verified_engine(mode, case.model, DPSGD(), None, verifier)
+    return engine
 
 
 def refusal_types() -> tuple[type, ...]:
