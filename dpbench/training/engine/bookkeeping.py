@@ -40,6 +40,7 @@ from dpbench.training.engine.protocol import (
     Point,
     kept_examples,
     per_example_refused,
+    trainable,
     zero_rows,
 )
 from dpbench.utils.tensors import parameters_at
@@ -80,8 +81,7 @@ class BookKeepingEngine:
         self.module = model
         #: the run combines several evaluation points (the per-run check checks that path too)
         self.combines_points = False
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.names = [n for n, p in model.named_parameters() if p.requires_grad]
+        self.params, self.names = trainable(model)
         self._recording = False
         #: (layer, its input, its output, the output's version, state, the input's version)
         self._records: list[tuple[nn.Module, torch.Tensor, torch.Tensor, int, Any, int]] = []

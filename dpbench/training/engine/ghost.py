@@ -17,6 +17,7 @@ from torch import nn
 
 from dpbench.errors import ConfigError, PrivacyError
 from dpbench.training.batches import batch_size, select_rows
+from dpbench.training.engine.opacus_wrapped import OpacusWrapped
 from dpbench.training.engine.protocol import (
     ClippedSum,
     FactorsFn,
@@ -29,7 +30,7 @@ from dpbench.training.engine.protocol import (
 from dpbench.utils.tensors import parameters_at
 
 
-class GhostClippingEngine:
+class GhostClippingEngine(OpacusWrapped):
     """Wraps a model once in Opacus's ghost-clipping module; returns clipped sums."""
 
     mode = "ghost"
@@ -40,24 +41,9 @@ class GhostClippingEngine:
     float32_handover = False
 
     def __init__(self, model: nn.Module) -> None:
-        self.combines_points = False
-        self.module: nn.Module = GradSampleModuleFastGradientClipping(
+        super().__init__(model, GradSampleModuleFastGradientClipping(
             model, batch_first=True, loss_reduction="sum", max_grad_norm=1.0,
-            use_ghost_clipping=True)
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.names = [n for n, p in model.named_parameters() if p.requires_grad]
-
-    def close(self) -> None:
-        """Remove Opacus's hooks from the model (the loop falls back to another engine)."""
-        self._clear()
-        self.module._close()
-
-    def _clear(self) -> None:
-        for p in self.params:
-            p.grad = None
-            p.grad_sample = None
-            if hasattr(p, "_norm_sample"):
-                p._norm_sample = None
+            use_ghost_clipping=True))
 
     def per_example(self, loss_fn: LossFn, batch: Any) -> tuple[list[torch.Tensor],
                                                                  torch.Tensor]:

@@ -19,6 +19,7 @@ from opacus import GradSampleModule
 from torch import nn
 
 from dpbench.errors import ConfigError
+from dpbench.training.engine.opacus_wrapped import OpacusWrapped
 from dpbench.training.engine.protocol import (
     ClippedSum,
     FactorsFn,
@@ -36,7 +37,7 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing")
 PerExampleFn = Callable[[LossFn, Any], tuple[list[torch.Tensor], torch.Tensor]]
 
 
-class MaterialisedEngine:
+class MaterialisedEngine(OpacusWrapped):
     """Wraps a model once in Opacus's ``GradSampleModule``; returns per-example gradients."""
 
     mode = "hooks"
@@ -47,21 +48,8 @@ class MaterialisedEngine:
     force_functorch = False
 
     def __init__(self, model: nn.Module) -> None:
-        self.combines_points = False
-        self.module: nn.Module = GradSampleModule(model, batch_first=True, loss_reduction="sum",
-                                                  force_functorch=self.force_functorch)
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.names = [n for n, p in model.named_parameters() if p.requires_grad]
-
-    def close(self) -> None:
-        """Remove Opacus's hooks from the model (the loop falls back to another engine)."""
-        self._clear()
-        self.module._close()
-
-    def _clear(self) -> None:
-        for p in self.params:
-            p.grad = None
-            p.grad_sample = None
+        super().__init__(model, GradSampleModule(model, batch_first=True, loss_reduction="sum",
+                                                 force_functorch=self.force_functorch))
 
     def per_example(self, loss_fn: LossFn, batch: Any) -> tuple[list[torch.Tensor],
                                                                  torch.Tensor]:

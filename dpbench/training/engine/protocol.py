@@ -106,3 +106,9 @@ def per_example_refused(mode: str) -> ConfigError:
     return ConfigError(f"trainer.grad_sample_mode={mode} forms clipped sums, not per-example "
                       "gradients; this run needs them: use trainer.grad_sample_mode=hooks "
                       "(or auto)")
+
+
+def trainable(model: nn.Module) -> tuple[list[nn.Parameter], list[str]]:
+    """Return the trainable parameters of ``model`` and their names, in the model's order."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [p for _, p in named], [n for n, _ in named]
