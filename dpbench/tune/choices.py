@@ -204,7 +204,7 @@ def _ledger_entries(source: Any, key: str, field: str, ledger: Any) -> list[dict
 def _accounted_totals(source: Any, key: str, choice: dict[str, Any]) -> dict[str, Any]:
     """Return the accounted search's ledger and epsilons, recomputed from its trials."""
     from dpbench.privacy.accountant import check_accountant
-    from dpbench.privacy.selection import ledgers_epsilon
+    from dpbench.privacy.composition import compose_ledgers
 
     eps_sel = choice.get("selection_epsilon")
     if (problem := positive_finite_problem(eps_sel)) is not None:
@@ -230,7 +230,7 @@ def _accounted_totals(source: Any, key: str, choice: dict[str, Any]) -> dict[str
         if claimed is not None:
             if (problem := positive_finite_problem(claimed)) is not None:
                 raise _refuse(source, key, f"trials[{i}].epsilon", problem)
-            own = ledgers_epsilon([ledger], delta, accountant)
+            own = compose_ledgers([ledger], delta, accountant)
             if own < claimed * (1 - 1e-6):
                 raise _refuse(source, key, f"trials[{i}].ledger",
                               f"gives epsilon {own:.4g}, less than the trial's own epsilon "
@@ -239,7 +239,7 @@ def _accounted_totals(source: Any, key: str, choice: dict[str, Any]) -> dict[str
     search_ledger = [entry for ledger in ledgers for entry in ledger]
     if "search_ledger" in choice and choice["search_ledger"] != search_ledger:
         raise _refuse(source, key, "search_ledger", "differs from the trials' own ledgers")
-    trials_epsilon = ledgers_epsilon([search_ledger], delta, accountant)
+    trials_epsilon = compose_ledgers([search_ledger], delta, accountant)
     for field, value in (("trials_epsilon", trials_epsilon),
                          ("search_epsilon", max(trials_epsilon, float(eps_sel)))):
         stored = choice.get(field)

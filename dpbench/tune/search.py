@@ -25,7 +25,8 @@ import numpy as np
 from omegaconf import DictConfig
 
 from dpbench.errors import ConfigError, DPBenchError
-from dpbench.privacy.selection import exponential_mechanism, ledgers_epsilon
+from dpbench.privacy.composition import compose_ledgers
+from dpbench.privacy.selection import exponential_mechanism
 from dpbench.tune.choices import cfg_cell_key, positive_finite_problem
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ def search_cell(cell: list[str], settings: TuneSettings,
         accountant = next(t["accountant"] for t in done)
         choice.update(search_ledger=ledger, selection_epsilon=float(eps_sel), delta=delta,
                       accountant=accountant,
-                      trials_epsilon=ledgers_epsilon([ledger], delta, accountant))
+                      trials_epsilon=compose_ledgers([ledger], delta, accountant))
         choice["search_epsilon"] = max(choice["trials_epsilon"], float(eps_sel))
     choice["overrides"] = {"method.optimizer.lr": best["lr"]}
     # a choice at the end of the grid says the grid may be too narrow (tables flag it)

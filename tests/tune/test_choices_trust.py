@@ -10,7 +10,7 @@ import os
 import pytest
 
 from dpbench.errors import ConfigError
-from dpbench.privacy.selection import ledgers_epsilon
+from dpbench.privacy.composition import compose_ledgers
 from dpbench.tune.choices import CHOICES_VERSION, apply_tuned, cfg_cell_key, write_choice
 from dpbench.tune.cli import compose_config
 
@@ -21,11 +21,11 @@ LEDGER = [{"sample_rate": 0.05, "noise_multiplier": 1.0, "queries": [], "steps":
 
 def _accounted_choice(key: str) -> dict:
     """A well-formed accounted choice: two trials, each with its own ledger."""
-    trial_eps = ledgers_epsilon([LEDGER], 1e-5, "pld")
+    trial_eps = compose_ledgers([LEDGER], 1e-5, "pld")
     trials = [{"lr": lr, "seed": i + 1, "score": 0.5, "epsilon": trial_eps, "delta": 1e-5,
                "accountant": "pld", "validation_size": 200, "steps": 20,
                "ledger": copy.deepcopy(LEDGER)} for i, lr in enumerate((0.1, 0.5))]
-    total = ledgers_epsilon([LEDGER * 2], 1e-5, "pld")
+    total = compose_ledgers([LEDGER * 2], 1e-5, "pld")
     return {"key": key, "mode": "accounted", "select": "accuracy", "grid": [0.1, 0.5],
             "trials": trials, "search_ledger": LEDGER * 2, "selection_epsilon": 3.0,
             "delta": 1e-5, "accountant": "pld", "trials_epsilon": total,
@@ -49,7 +49,7 @@ def test_a_well_formed_accounted_choice_is_applied_with_recomputed_totals(tmp_pa
     assert cfg.method.optimizer.lr == 0.5
     assert len(cfg.tuning.search_ledger) == 2
     assert cfg.tuning.search_epsilon == pytest.approx(
-        max(ledgers_epsilon([LEDGER * 2], 1e-5, "pld"), 3.0))
+        max(compose_ledgers([LEDGER * 2], 1e-5, "pld"), 3.0))
 
 
 @pytest.mark.parametrize("name, value, match", [
