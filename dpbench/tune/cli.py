@@ -21,6 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from dpbench.config.compose import compose_config
 from dpbench.errors import ConfigError, DPBenchError
 from dpbench.tune.choices import (
     CHOICES_NAME,
@@ -36,23 +37,6 @@ from dpbench.utils.io import make_dirs, remove_created
 
 log = logging.getLogger("dpbench.tune")
 _QUIET = ["logger=none", "trainer.progress=false", "trainer.checkpoint=false"]
-
-
-def compose_config(overrides: list[str]) -> DictConfig:
-    """Return the composed run config of ``overrides`` (the CLI's config tree); ConfigError
-    (one line) for an unknown group option, a key that does not exist or a wrong type."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from dpbench.cli import CONF_DIR
-
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            return compose("config", overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as err:
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        raise ConfigError(f"{' / '.join(lines)} (overrides: {' '.join(overrides)})") from err
 
 
 def check_cell_config(cfg: DictConfig) -> None:

@@ -179,8 +179,8 @@ def test_two_records_for_one_seed_and_side_name_both_files(tmp_path):
 
 def test_ablation_variants_are_tuned_on_their_own():
     """The choice key holds the settings that define a variant, and the spec tunes each."""
+    from dpbench.config.compose import compose_config
     from dpbench.tune.choices import cfg_cell_key
-    from dpbench.tune.cli import compose_config
 
     def key(*extra):
         return cfg_cell_key(compose_config(["experiment=fiber_mnist_cpu", "method=fiber",

@@ -9,10 +9,10 @@ import os
 
 import pytest
 
+from dpbench.config.compose import compose_config
 from dpbench.errors import ConfigError
 from dpbench.privacy.composition import compose_ledgers
 from dpbench.tune.choices import CHOICES_VERSION, apply_tuned, cfg_cell_key, write_choice
-from dpbench.tune.cli import compose_config
 
 CELL = ["dataset=digits", "model=logreg", "method=dpsgd", "privacy=eps3", "trainer.epochs=1",
         "trainer.device=cpu"]

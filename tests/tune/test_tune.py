@@ -11,6 +11,7 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from omegaconf import OmegaConf
 
+from dpbench.config.compose import compose_config
 from dpbench.data import get_dataset_builder
 from dpbench.data.base import carve_validation
 from dpbench.privacy.composition import compose_ledgers
@@ -111,7 +112,6 @@ def test_total_epsilon_covers_trials_selection_and_run():
 
 def test_stored_choice_is_applied_to_a_later_run(tmp_path):
     from dpbench.tune.choices import cfg_cell_key
-    from dpbench.tune.cli import compose_config
 
     path = tmp_path / "choices.json"
     key = cfg_cell_key(compose_config(CELL))
