@@ -62,6 +62,10 @@ def test_a_well_formed_accounted_choice_is_applied_with_recomputed_totals(tmp_pa
     ("method.optimizer.lr", -1.0, "finite number > 0"),
     ("method.optimizer.lr", "0.1", "must be a number"),
     ("method.optimizer.lr", float("inf"), "finite number > 0"),
+    ("trainer.batch_size", 0, "integer >= 1"),
+    ("trainer.batch_size", 2.5, "integer >= 1"),
+    ("method.settings.clip_floor", -1.0, "finite number >= 0"),
+    ("method.settings.clip_floor", 0.1, "is not a setting of this cell"),  # dpsgd has none
 ])
 def test_a_choice_sets_only_tunable_keys_each_checked(tmp_path, key, name, value, match):
     choice = _accounted_choice(key)
