@@ -35,7 +35,7 @@ from dpbench.config.compose import compose_config
 from dpbench.errors import ConfigError, DPBenchError
 from dpbench.privacy.composition import compose_ledgers
 from dpbench.privacy.selection import exponential_mechanism
-from dpbench.tune.choices import cfg_cell_key, positive_finite_problem
+from dpbench.tune.choices import MAX_TRIALS, cfg_cell_key, positive_finite_problem
 from dpbench.utils.seeding import stream_seed
 
 log = logging.getLogger(__name__)
@@ -229,8 +229,9 @@ def check_settings(settings: TuneSettings) -> None:
 def _check_random(settings: TuneSettings) -> None:
     """Raise ConfigError naming the option if the random strategy's space is unusable."""
     n = settings.trials
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"--trials must be an integer >= 1 (got {n!r})")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_TRIALS:
+        raise ConfigError(f"--trials must be an integer in [1, {MAX_TRIALS}] (got {n!r}): a "
+                          "choices file holds at most that many trials")
     bounds = list(settings.lr_range)
     if len(bounds) != 2 or any(positive_finite_problem(v) for v in bounds) or (
             bounds[0] > bounds[1]):

@@ -163,7 +163,7 @@ def _main(argv: list[str]) -> int:
 @pytest.mark.parametrize("options, match", [
     (["--trials", "3"], "--trials: only with --strategy random"),
     (["--strategy", "random", "--lrs", "0.1"], "--lrs is the grid's"),
-    (["--strategy", "random", "--trials", "0"], "--trials must be an integer >= 1"),
+    (["--strategy", "random", "--trials", "0"], "--trials must be an integer in [1, 1000]"),
     (["--strategy", "random", "--lr-range", "1,0.1"], "--lr-range must be two finite"),
     (["--strategy", "random", "--batch-sizes", "0"], "--batch-sizes must be integers >= 1"),
     (["--strategy", "random", "--clip-floors", "0,0.1"],
@@ -175,3 +175,20 @@ def test_random_options_are_refused_before_any_work(tmp_path, capfd, options, ma
     err = capfd.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and match in err[0], err
     assert not (tmp_path / "deep").exists()
+
+
+@pytest.mark.parametrize("options", [
+    {"lrs": [0.001, 0.01], "mode": "unaccounted", "seeds": [0, 1], "jobs": 2},
+    {"strategy": "random", "trials": 5, "lr_range": [0.1, 3.0], "batch_sizes": [64, 128],
+     "mode": "accounted", "selection_epsilon": 0.5, "seeds": [3], "master_seed": 9},
+])
+def test_the_printed_command_is_the_call(tmp_path, options):
+    """What dpbench-reproduce prints for a tuned sweep runs the job it calls tune() with."""
+    import shlex
+
+    from dpbench.tune.cli import command_line, job_of, make_job, parse_args
+
+    options = {**options, "out": tmp_path / "out"}
+    argv = shlex.split(command_line(CELL, **options))
+    assert argv[0] == "dpbench-tune"
+    assert job_of(parse_args(argv[1:])) == make_job(CELL, **options)
