@@ -196,7 +196,10 @@ def tune(overrides: Sequence[str] = (), **options: Any) -> Path:
 
 
 def command_line(overrides: Sequence[str] = (), **options: Any) -> str:
-    """Return the ``dpbench-tune`` command line that ``tune(overrides, **options)`` runs."""
+    """Return the ``dpbench-tune`` command line (shell-quoted) that ``tune(overrides,
+    **options)`` runs."""
+    import shlex
+
     words = ["dpbench-tune"]
     for name, value in options.items():
         flag = "--" + name.replace("_", "-")
@@ -205,7 +208,7 @@ def command_line(overrides: Sequence[str] = (), **options: Any) -> str:
         elif value is not None:
             words += [flag, ",".join(map(str, value)) if isinstance(value, (list, tuple))
                       else str(value)]
-    return " ".join([*words, "--", *overrides])
+    return shlex.join([*words, "--", *overrides])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
