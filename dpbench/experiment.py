@@ -87,8 +87,7 @@ def select_evaluation_split(data, evaluation: Any):
 def load_data(cfg: DictConfig) -> TaskData:
     """Return the data set of ``cfg`` with its own train and test splits (nothing carved).
 
-    ``build_trainer`` then applies ``evaluation.split``; ``dpbench.hpo`` calls this alone to
-    read the real test split for its selected trial only.
+    ``build_trainer`` then applies ``evaluation.split``.
     """
     dataset_settings = _settings(cfg.dataset, "name", "task")
     check_dataset(dataset_settings)

@@ -26,7 +26,7 @@ LAYERS: dict[str, int] = {
     # 3: one run assembled from a config, and the sinks that record it
     "experiment": 3, "logging": 3,
     # 4: entry points and what reads their results
-    "cli": 4, "__main__": 4, "report": 4, "analysis": 4, "audit": 4, "hpo": 4, "bench": 4,
+    "cli": 4, "__main__": 4, "report": 4, "analysis": 4, "audit": 4, "bench": 4,
     "bench_processes": 4,
     "tune": 4,
 }

@@ -48,7 +48,8 @@ def load_spec(paper: str) -> dict[str, Any]:
 
 
 def sweep_commands(spec: dict[str, Any], args: argparse.Namespace, out: Path) -> list[dict]:
-    """Return one job per sweep: its folder and either a dpbench -m command or a tune call."""
+    """Return one job per sweep: its folder and either a dpbench -m command or the keyword
+    arguments of a ``dpbench.tune.cli.tune`` call."""
     scale = spec["scales"][args.scale]
     base_seeds = args.seeds or spec.get("seeds", {}).get(args.scale, "0,1,2")
     raised = claim_sweep_seeds(spec, getattr(args, "claim_seeds", {}) or {})
@@ -60,13 +61,12 @@ def sweep_commands(spec: dict[str, Any], args: argparse.Namespace, out: Path) ->
         overrides = [o.format(**scale) for o in sweep["overrides"]] + data + _QUIET
         if sweep.get("tuned"):  # reuse the learning rates another sweep of this paper chose
             overrides.append(f"tuned={out / sweep['tuned'] / CHOICES_NAME}")
-        if sweep.get("tune"):
-            tune = sweep["tune"]
-            argv = ["--lrs", ",".join(str(v) for v in tune["lrs"]), "--seeds", str(seeds),
-                    "--mode", tune.get("mode", "unaccounted"), "--out", str(folder),
-                    "--jobs", str(args.jobs), "--",
-                    *overrides]
-            jobs.append({"folder": folder, "tune": argv})
+        if sweep.get("tune"):  # dpbench-tune's options as keywords (the spec may add more)
+            options = {"overrides": overrides, **sweep["tune"],
+                       "seeds": [int(s) for s in str(seeds).split(",")],
+                       "mode": sweep["tune"].get("mode", "unaccounted"), "out": folder,
+                       "jobs": args.jobs}
+            jobs.append({"folder": folder, "tune": options})
         else:
             cmd = [sys.executable, "-m", "dpbench", "-m", *overrides, f"seed={seeds}",
                    "trainer.resume=true", f"hydra.sweep.dir={folder}",
@@ -125,12 +125,11 @@ def run_jobs(jobs: list[dict], dry_run: bool) -> None:
     for job in jobs:
         job["folder"].mkdir(parents=True, exist_ok=True)
         if "tune" in job:
-            print("dpbench-tune " + " ".join(job["tune"]))
-            if not dry_run:
-                from dpbench.tune.cli import parse_args
-                from dpbench.tune.cli import run as tune_run
+            from dpbench.tune.cli import command_line, tune
 
-                tune_run(parse_args(job["tune"]))
+            print(command_line(**job["tune"]))
+            if not dry_run:
+                tune(**job["tune"])
             continue
         print(" ".join(job["cmd"]))
         if not dry_run:

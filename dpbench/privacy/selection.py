@@ -6,25 +6,12 @@ See docs/tuning-and-claims.md, "What the accounted epsilon covers".
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from dpbench.privacy.accountant import compose_epsilon
-
-
-def ledger_groups(ledgers: Iterable[Iterable[Mapping[str, Any]]]) -> list[tuple[float, float, int]]:
-    """Return the (sigma, q, steps) groups of every entry of every ledger, in order."""
-    return [(float(e["noise_multiplier"]), float(e["sample_rate"]), int(e["steps"]))
-            for ledger in ledgers for e in ledger if int(e["steps"]) > 0]
-
-
-def ledgers_epsilon(ledgers: Iterable[Iterable[Mapping[str, Any]]], delta: float,
-                    accountant: str) -> float:
-    """Return epsilon of running every ledger's steps in sequence (adaptive composition)."""
-    groups = ledger_groups(ledgers)
-    return compose_epsilon(groups, delta, accountant) if groups else 0.0
+from dpbench.privacy.composition import compose_ledgers
 
 
 def exponential_mechanism(scores: Sequence[float], epsilon: float, sensitivity: float,
@@ -50,6 +37,6 @@ def search_and_run_epsilon(search_ledger: list[Mapping[str, Any]], selection_eps
     (pure ``selection_epsilon``) and in the run: basic composition. The run is as private as
     the worse of the two.
     """
-    trials = ledgers_epsilon([search_ledger, run_ledger], delta, accountant)
+    trials = compose_ledgers([search_ledger, run_ledger], delta, accountant)
     validation = selection_epsilon + run_epsilon if math.isfinite(run_epsilon) else math.inf
     return float(max(trials, validation))

@@ -54,8 +54,32 @@ def positive_finite_problem(value: Any) -> str | None:
     return None
 
 
-#: the only keys a choices file may set, each with its check (an error text, or None)
-TUNABLE: dict[str, Callable[[Any], str | None]] = {"method.optimizer.lr": positive_finite_problem}
+def batch_size_problem(value: Any) -> str | None:
+    """Return why ``value`` is not a batch size (an integer >= 1), or None if it is."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**31:
+        return f"must be an integer >= 1 (got {value!r})"
+    return None
+
+
+def clip_floor_problem(value: Any) -> str | None:
+    """Return why ``value`` is not a clip floor (a finite number >= 0), or None if it is."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value >= 0):
+        return f"must be a finite number >= 0 (got {value!r})"
+    return None
+
+
+#: the only keys a choices file may set, each with its check (an error text, or None): the
+#: learning rate (both strategies), the batch size and the clip floor (the random strategy)
+TUNABLE: dict[str, Callable[[Any], str | None]] = {
+    "method.optimizer.lr": positive_finite_problem,
+    "trainer.batch_size": batch_size_problem,
+    "method.settings.clip_floor": clip_floor_problem,
+}
+#: tuned keys left out of a cell's key. Only the learning rate, as when it was the one tunable
+#: key, so earlier choices files still match; a batch size or clip floor searched by the
+#: random strategy stays in the key at the cell's own value, which the choice then overrides
+_TUNED_NOT_IN_KEY = ("method.optimizer.lr",)
 
 #: top-level keys that do not change what a run computes, or are set per run (seed, split)
 _NOT_IN_KEY = ("logger", "paths", "hydra", "run_name", "seed", "tuned", "tuning", "evaluation")
@@ -90,15 +114,15 @@ def variant_settings(cfg: DictConfig) -> dict[str, Any]:
 
 
 def run_settings(cfg: DictConfig) -> dict[str, Any]:
-    """Return every setting of ``cfg`` that changes what a run computes, except the tuned
-    keys, the seed and the evaluation split (trials and final runs of a cell differ there)."""
+    """Return every setting of ``cfg`` that changes what a run computes, except the learning
+    rate, the seed and the evaluation split (trials and final runs of a cell differ there)."""
     data = {key: OmegaConf.to_container(cfg[key], resolve=True)
             if isinstance(cfg[key], DictConfig) else cfg[key]
             for key in cfg if key not in _NOT_IN_KEY}
     for group, dropped in (("trainer", _NOT_IN_KEY_TRAINER), ("dataset", _NOT_IN_KEY_DATASET)):
         if isinstance(data.get(group), dict):
             data[group] = {k: v for k, v in data[group].items() if k not in dropped}
-    for dotted in TUNABLE:
+    for dotted in _TUNED_NOT_IN_KEY:
         *parents, leaf = dotted.split(".")
         node: Any = data
         for name in parents:
@@ -201,14 +225,12 @@ def _ledger_entries(source: Any, key: str, field: str, ledger: Any) -> list[dict
     return ledger
 
 
-def _accounted_totals(source: Any, key: str, choice: dict[str, Any]) -> dict[str, Any]:
-    """Return the accounted search's ledger and epsilons, recomputed from its trials."""
+def _trials_totals(source: Any, key: str, choice: dict[str, Any]) -> tuple[list, float]:
+    """Return the search's ledger and the composed epsilon of all its trials, recomputed from
+    the trials' own ledgers (a stored ``search_ledger`` or ``trials_epsilon`` must agree)."""
     from dpbench.privacy.accountant import check_accountant
-    from dpbench.privacy.selection import ledgers_epsilon
+    from dpbench.privacy.composition import compose_ledgers
 
-    eps_sel = choice.get("selection_epsilon")
-    if (problem := positive_finite_problem(eps_sel)) is not None:
-        raise _refuse(source, key, "selection_epsilon", problem)
     delta, accountant = choice.get("delta"), choice.get("accountant")
     if positive_finite_problem(delta) is not None or delta >= 1:
         raise _refuse(source, key, "delta", f"must be in (0, 1) (got {delta!r})")
@@ -230,7 +252,7 @@ def _accounted_totals(source: Any, key: str, choice: dict[str, Any]) -> dict[str
         if claimed is not None:
             if (problem := positive_finite_problem(claimed)) is not None:
                 raise _refuse(source, key, f"trials[{i}].epsilon", problem)
-            own = ledgers_epsilon([ledger], delta, accountant)
+            own = compose_ledgers([ledger], delta, accountant)
             if own < claimed * (1 - 1e-6):
                 raise _refuse(source, key, f"trials[{i}].ledger",
                               f"gives epsilon {own:.4g}, less than the trial's own epsilon "
@@ -239,14 +261,28 @@ def _accounted_totals(source: Any, key: str, choice: dict[str, Any]) -> dict[str
     search_ledger = [entry for ledger in ledgers for entry in ledger]
     if "search_ledger" in choice and choice["search_ledger"] != search_ledger:
         raise _refuse(source, key, "search_ledger", "differs from the trials' own ledgers")
-    trials_epsilon = ledgers_epsilon([search_ledger], delta, accountant)
-    for field, value in (("trials_epsilon", trials_epsilon),
-                         ("search_epsilon", max(trials_epsilon, float(eps_sel)))):
-        stored = choice.get(field)
-        if stored is not None and not (isinstance(stored, (int, float)) and math.isclose(
-                stored, value, rel_tol=1e-6, abs_tol=1e-9)):
-            raise _refuse(source, key, field, f"is {stored!r} but the trials' ledgers give "
-                          f"{value:.6g}")
+    trials_epsilon = compose_ledgers([search_ledger], delta, accountant)
+    _check_stored(source, key, choice, "trials_epsilon", trials_epsilon)
+    return search_ledger, trials_epsilon
+
+
+def _check_stored(source: Any, key: str, choice: dict[str, Any], field: str,
+                  value: float) -> None:
+    """Refuse a stored ``field`` that differs from ``value``, recomputed from the trials."""
+    stored = choice.get(field)
+    if stored is not None and not (isinstance(stored, (int, float)) and math.isclose(
+            stored, value, rel_tol=1e-6, abs_tol=1e-9)):
+        raise _refuse(source, key, field, f"is {stored!r} but the trials' ledgers give "
+                      f"{value:.6g}")
+
+
+def _accounted_totals(source: Any, key: str, choice: dict[str, Any]) -> dict[str, Any]:
+    """Return the accounted search's ledger and epsilons, recomputed from its trials."""
+    eps_sel = choice.get("selection_epsilon")
+    if (problem := positive_finite_problem(eps_sel)) is not None:
+        raise _refuse(source, key, "selection_epsilon", problem)
+    search_ledger, trials_epsilon = _trials_totals(source, key, choice)
+    _check_stored(source, key, choice, "search_epsilon", max(trials_epsilon, float(eps_sel)))
     return {"search_ledger": search_ledger, "selection_epsilon": float(eps_sel),
             "search_epsilon": max(trials_epsilon, float(eps_sel))}
 
@@ -278,6 +314,8 @@ def checked_choice(source: Any, key: str, choice: Any) -> dict[str, Any]:
            "search_ledger": [], "selection_epsilon": None, "search_epsilon": None}
     if mode == "accounted":
         out.update(_accounted_totals(source, key, choice))
+    elif "trials_epsilon" in choice or "search_ledger" in choice:
+        _trials_totals(source, key, choice)  # an unaccounted search's epsilon is checked too
     return out
 
 
@@ -305,6 +343,10 @@ def apply_tuned(cfg: DictConfig) -> DictConfig:
                           f"{', '.join(sorted(cells)) or 'none'}); the key covers every "
                           "setting that changes a run")
     choice = checked_choice(source, key, cells[key])
+    absent = object()
+    for name in choice["chosen"]:
+        if OmegaConf.select(cfg, name, default=absent) is absent:  # e.g. a method's clip floor
+            raise _refuse(source, key, f"overrides.{name}", "is not a setting of this cell")
     cfg = cfg.copy()
     with open_dict(cfg):
         for name, value in choice["chosen"].items():

@@ -3,6 +3,12 @@ every seed and report mean, 95 % CI and a verdict against a baseline (docs/tunin
 
     dpbench-tune --mode accounted --lrs 0.01,0.03,0.1,0.3,1 --seeds 0,1,2,3,4 \\
         --baseline dpsgd --out outputs/tune/digits -- method=dpsgd,dpadam privacy=eps1,eps3
+    dpbench-tune --strategy random --trials 20 --lr-range 0.01,1 --batch-sizes 64,128,256 \\
+        --mode unaccounted --out outputs/tune/random -- method=dpsgd privacy=eps3
+
+The grid tries each learning rate of ``--lrs``; the random strategy draws ``--trials``
+configurations in advance (``dpbench.tune.search``). ``tune(overrides, **options)`` is the
+same command as a Python function (``dpbench-reproduce`` calls it).
 
 Writes ``OUT/choices.json`` (reused later by ``dpbench ... tuned=OUT/choices.json``), one
 ``OUT/runs/<run name>/results.json`` per final run and ``OUT/report.md``. A cell whose choice
@@ -16,11 +22,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from dpbench.config.compose import compose_config
 from dpbench.errors import ConfigError, DPBenchError
 from dpbench.tune.choices import (
     CHOICES_NAME,
@@ -31,28 +40,24 @@ from dpbench.tune.choices import (
     read_choices,
     write_choice,
 )
-from dpbench.tune.search import TuneSettings, check_cell, check_settings, expand_cells, search_cell
+from dpbench.tune.search import (
+    DEFAULT_LR_RANGE,
+    DEFAULT_LRS,
+    STRATEGIES,
+    TuneSettings,
+    check_cell,
+    check_settings,
+    expand_cells,
+    search_cell,
+)
 from dpbench.utils.io import make_dirs, remove_created
 
 log = logging.getLogger("dpbench.tune")
 _QUIET = ["logger=none", "trainer.progress=false", "trainer.checkpoint=false"]
-
-
-def compose_config(overrides: list[str]) -> DictConfig:
-    """Return the composed run config of ``overrides`` (the CLI's config tree); ConfigError
-    (one line) for an unknown group option, a key that does not exist or a wrong type."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from dpbench.cli import CONF_DIR
-
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            return compose("config", overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as err:
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        raise ConfigError(f"{' / '.join(lines)} (overrides: {' '.join(overrides)})") from err
+DEFAULT_SEEDS = (0, 1, 2, 3, 4)
+DEFAULT_OUT = Path("outputs/tune")
+#: options of the random strategy only (refused with --strategy grid)
+_RANDOM_ONLY = ("trials", "lr_range", "batch_sizes", "clip_floors")
 
 
 def check_cell_config(cfg: DictConfig) -> None:
@@ -124,12 +129,8 @@ def _number_list(text: str, kind: type, what: str) -> list:
                                          f"(got {text!r})") from None
 
 
-def _floats(text: str) -> list[float]:
-    return _number_list(text, float, "--lrs")
-
-
-def _ints(text: str) -> list[int]:
-    return _number_list(text, int, "--seeds")
+def _numbers(kind: type, what: str):
+    return lambda text: _number_list(text, kind, what)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -138,17 +139,94 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def settings_of(args: argparse.Namespace) -> TuneSettings:
-    return TuneSettings(lrs=args.lrs, mode=args.mode, select=args.select,
-                        validation_fraction=args.validation_fraction,
-                        selection_epsilon=args.selection_epsilon, master_seed=args.master_seed)
+@dataclass
+class TuneJob:
+    """One ``dpbench-tune``: the sweep, how each cell is searched, the final runs, OUT."""
+
+    overrides: list[str]
+    settings: TuneSettings
+    seeds: list[int] = field(default_factory=lambda: list(DEFAULT_SEEDS))
+    out: Path = DEFAULT_OUT
+    jobs: int = 1
+    research: bool = False
+
+
+def check_job(job: TuneJob) -> None:
+    """Raise ConfigError naming the option if ``job`` cannot run (before any work)."""
+    if not job.seeds:
+        raise ConfigError("--seeds needs at least one seed")
+    if any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63
+           for s in job.seeds):
+        raise ConfigError(f"--seeds must be integers >= 0 and < 2**63 (got {job.seeds})")
+    master = job.settings.master_seed
+    if isinstance(master, bool) or not isinstance(master, int) or master < 0:
+        raise ConfigError(f"--master-seed must be an integer >= 0 (got {master})")
+    if isinstance(job.jobs, bool) or not isinstance(job.jobs, int) or job.jobs < 1:
+        raise ConfigError("--jobs must be at least 1")
+    check_settings(job.settings)
+
+
+def make_job(overrides: Sequence[str] = (), *, out: str | Path = DEFAULT_OUT,
+             seeds: Sequence[int] = DEFAULT_SEEDS, mode: str = "accounted",
+             strategy: str = "grid", lrs: Sequence[float] = DEFAULT_LRS, trials: int = 20,
+             lr_range: Sequence[float] = DEFAULT_LR_RANGE,
+             batch_sizes: Sequence[int] | None = None,
+             clip_floors: Sequence[float] | None = None, select: str = "accuracy",
+             validation_fraction: float = 0.15, selection_epsilon: float | None = None,
+             master_seed: int = 0, jobs: int = 1, research: bool = False) -> TuneJob:
+    """Return the checked TuneJob of ``dpbench-tune``'s options (the keywords, with the same
+    names and defaults); ConfigError naming the option if one is unusable."""
+    settings = TuneSettings(lrs=list(lrs), mode=mode, select=select,
+                            validation_fraction=validation_fraction,
+                            selection_epsilon=selection_epsilon, master_seed=master_seed,
+                            strategy=strategy, trials=trials, lr_range=list(lr_range),
+                            batch_sizes=list(batch_sizes) if batch_sizes else None,
+                            clip_floors=list(clip_floors) if clip_floors else None)
+    job = TuneJob(list(overrides), settings, list(seeds), Path(out), jobs, research)
+    check_job(job)
+    return job
+
+
+def tune(overrides: Sequence[str] = (), **options: Any) -> Path:
+    """Search every cell of the sweep ``overrides`` (or reuse its stored choice) and train the
+    choice on every seed; return OUT. ``dpbench-tune`` as a function: ``options`` are its
+    options as keywords (``make_job``), checked before any work (ConfigError). It writes no
+    ``report.md`` and takes no lock on OUT (``main`` does both)."""
+    return run(make_job(overrides, **options))
+
+
+def command_line(overrides: Sequence[str] = (), **options: Any) -> str:
+    """Return the ``dpbench-tune`` command line (shell-quoted) that ``tune(overrides,
+    **options)`` runs."""
+    import shlex
+
+    words = ["dpbench-tune"]
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            words += [flag] if value else []
+        elif value is not None:
+            words += [flag, ",".join(map(str, value)) if isinstance(value, (list, tuple))
+                      else str(value)]
+    return shlex.join([*words, "--", *overrides])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = _Parser(prog="dpbench-tune", description=__doc__.splitlines()[0])
-    p.add_argument("--lrs", type=_floats, default=[0.01, 0.03, 0.1, 0.3, 1.0],
-                   help="learning-rate grid, comma-separated (default 0.01,...,1)")
-    p.add_argument("--seeds", type=_ints, default=[0, 1, 2, 3, 4],
+    p.add_argument("--strategy", choices=STRATEGIES, default="grid",
+                   help="grid: one trial per learning rate of --lrs; random: --trials "
+                        "configurations drawn from --lr-range (and --batch-sizes, --clip-floors)")
+    p.add_argument("--lrs", type=_numbers(float, "--lrs"), default=None,
+                   help="grid: learning rates, comma-separated (default 0.01,...,1)")
+    p.add_argument("--trials", type=int, default=None, help="random: trials per cell (default 20)")
+    p.add_argument("--lr-range", type=_numbers(float, "--lr-range"), default=None,
+                   metavar="LOW,HIGH", help="random: learning rate drawn log-uniform in "
+                   "[LOW, HIGH] (default 0.01,1)")
+    p.add_argument("--batch-sizes", type=_numbers(int, "--batch-sizes"), default=None,
+                   help="random: batch sizes to draw from, comma-separated (default: the cell's)")
+    p.add_argument("--clip-floors", type=_numbers(float, "--clip-floors"), default=None,
+                   help="random: clip floors (method.settings.clip_floor) to draw from")
+    p.add_argument("--seeds", type=_numbers(int, "--seeds"), default=list(DEFAULT_SEEDS),
                    help="seeds of the final runs, comma-separated (default 0-4)")
     p.add_argument("--mode", choices=MODES, default="accounted",
                    help="accounted: the search's epsilon is reported; unaccounted: it is not")
@@ -158,62 +236,71 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="accounted mode: epsilon of the choice, a finite number > 0 (default: "
                         "the cell's target epsilon)")
     p.add_argument("--master-seed", type=int, default=0,
-                   help="seed from which every trial's and the selection's seeds are spawned")
+                   help="seed from which every trial's, the draws' and the selection's seeds "
+                        "are spawned")
     p.add_argument("--baseline", default=None, help="method to compare with (verdict column)")
     p.add_argument("--metric", default="accuracy", help="test metric of the report")
     p.add_argument("--research", action="store_true", help="search again cells already chosen")
-    p.add_argument("--out", type=Path, default=Path("outputs/tune"))
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--jobs", type=int, default=1,
                    help="cells at a time, one process each (default 1: in this process)")
     p.add_argument("overrides", nargs="*", help="sweep overrides, e.g. method=dpsgd,dpadam")
     args = p.parse_args(argv)
-    if not args.seeds:
-        p.error("--seeds needs at least one seed")
-    if any(not 0 <= seed < 2**63 for seed in args.seeds):
-        p.error(f"--seeds must be integers >= 0 and < 2**63 (got {args.seeds})")
-    if args.master_seed < 0:
-        p.error(f"--master-seed must be an integer >= 0 (got {args.master_seed})")
-    if args.jobs < 1:
-        p.error("--jobs must be at least 1")
+    if args.strategy == "grid":
+        given = [f"--{name.replace('_', '-')}" for name in _RANDOM_ONLY
+                 if getattr(args, name) is not None]
+        if given:
+            p.error(f"{', '.join(given)}: only with --strategy random")
+    elif args.lrs is not None:
+        p.error("--lrs is the grid's; --strategy random draws learning rates from --lr-range")
     try:
-        check_settings(settings_of(args))
+        job_of(args)
     except ConfigError as err:
         p.error(str(err))
     return args
 
 
-def check_cells(args: argparse.Namespace) -> list[list[str]]:
+def job_of(args: argparse.Namespace) -> TuneJob:
+    """Return the checked TuneJob of parsed ``dpbench-tune`` options (ConfigError)."""
+    given = {name: getattr(args, name) for name in ("lrs", *_RANDOM_ONLY)
+             if getattr(args, name) is not None}
+    return make_job(args.overrides, out=args.out, seeds=args.seeds, mode=args.mode,
+                    strategy=args.strategy, select=args.select,
+                    validation_fraction=args.validation_fraction,
+                    selection_epsilon=args.selection_epsilon, master_seed=args.master_seed,
+                    jobs=args.jobs, research=args.research, **given)
+
+
+def check_cells(job: TuneJob) -> list[list[str]]:
     """Return the cells of the sweep after checking each one's config and any stored choice,
     before any work (ConfigError); cells that share a key are refused (one would overwrite
     the other's choice and runs)."""
-    cells = expand_cells(args.overrides)
-    settings = settings_of(args)
-    choices = args.out / CHOICES_NAME
+    cells = expand_cells(job.overrides)
+    choices = job.out / CHOICES_NAME
     known = read_choices(choices) if choices.exists() or choices.is_symlink() else {}
     keys: dict[str, list[str]] = {}
     for cell in cells:
         cfg = compose_config([*_QUIET, *cell])
         check_cell_config(cfg)
-        check_cell(cfg, settings)
+        check_cell(cfg, job.settings)
         key = cfg_cell_key(cfg)
         if key in keys:
             raise ConfigError(f"the cells {' '.join(keys[key])} and {' '.join(cell)} are the "
                               f"same run ({key}); drop one")
         keys[key] = cell
-        if not args.research:
+        if not job.research:
             choice_mode(choices, known, key)  # a stored choice that will be reused is checked
     return cells
 
 
-def run(args: argparse.Namespace) -> Path:
+def run(job: TuneJob) -> Path:
     """Search every cell (or reuse its choice), train the choices on every seed; return OUT."""
-    out = args.out
-    cells = check_cells(args)
-    jobs = min(args.jobs, len(cells))
+    cells = check_cells(job)
+    jobs = min(job.jobs, len(cells))
     if jobs <= 1:
         for cell in cells:
-            run_cell(cell, args)
-        return out
+            run_cell(cell, job)
+        return job.out
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -224,9 +311,9 @@ def run(args: argparse.Namespace) -> Path:
     # spawn, not fork: a forked child would inherit this process's torch thread pools
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_init_worker, initargs=(threads,)) as pool:
-        for done in [pool.submit(run_cell, cell, args) for cell in cells]:
+        for done in [pool.submit(run_cell, cell, job) for cell in cells]:
             done.result()  # re-raise a worker's error here
-    return out
+    return job.out
 
 
 def _init_worker(threads: int | None) -> None:
@@ -238,28 +325,27 @@ def _init_worker(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def run_cell(cell: list[str], args: argparse.Namespace) -> None:
+def run_cell(cell: list[str], job: TuneJob) -> None:
     """Search one cell (unless its choice is stored) and train the choice on every seed."""
     from dpbench.utils.paths import path_component
 
-    out = args.out
+    out, settings = job.out, job.settings
     choices = out / CHOICES_NAME
-    settings = settings_of(args)
     cell_cfg = compose_config([*_QUIET, *cell])
     key = cfg_cell_key(cell_cfg)
     known = read_choices(choices) if choices.exists() else {}
-    if args.research or choice_mode(choices, known, key) != args.mode:
-        if args.mode == "accounted":
+    if job.research or choice_mode(choices, known, key) != settings.mode:
+        if settings.mode == "accounted":
             from dpbench.tune.search import selection_epsilon
 
             log.info("%s: selection epsilon %g (%s)", key, selection_epsilon(settings, cell_cfg),
-                     "--selection-epsilon" if args.selection_epsilon is not None
+                     "--selection-epsilon" if settings.selection_epsilon is not None
                      else "the cell's target epsilon")
         choice = search_cell(cell, settings, train)
         write_choice(choices, key, choice)
         log.info("%s: chose %s", key, choice["overrides"])
     digest = key.rpartition("=")[2]  # cells that differ only outside run_name get own folders
-    for seed in args.seeds:
+    for seed in job.seeds:
         cfg = compose_config([*_QUIET, *cell, f"seed={seed}"])
         run_dir = out / "runs" / path_component(f"{cfg.run_name}-{digest}")
         train([*cell, f"tuned={choices}", f"seed={seed}"], run_dir)
@@ -314,9 +400,10 @@ def main(argv: list[str] | None = None) -> int:
     from dpbench.utils.lock import RunDirBusy, RunDirLock
 
     args = parse_args(argv)
+    job = job_of(args)
     logging.basicConfig(level=logging.INFO, format="[dpbench-tune] %(message)s")
     try:
-        check_cells(args)  # every cell and stored choice, before anything is created
+        check_cells(job)  # every cell and stored choice, before anything is created
     except DPBenchError as err:
         return _fail(str(err))
     try:
@@ -333,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
                      "for it or choose another --out" if isinstance(err, RunDirBusy)
                      else f"cannot lock --out {args.out}: {err}")
     try:
-        out = run(args)
+        out = run(job)
         text = report(out, args.metric, args.baseline)
     except DPBenchError as err:
         return _fail(str(err))

@@ -31,11 +31,13 @@ STREAMS: tuple[str, ...] = (
     "method_eval",  # test-time draws of a method, e.g. IVON's model-averaging samples
     "audit_secrets",  # which audit canaries are included (seeded by audit.seed)
     "audit_canaries",  # the Poisson sampling of the included canaries (audit.seed)
-    "hpo_trial",  # the run seed of each hyper-parameter trial (indexed by trial)
-    "hpo_draws",  # the search's random draws of hyper-parameters (seeded by its master seed)
+    "hpo_trial",  # the run seed of each dpbench-tune trial (indexed by trial; the master seed)
+    "hpo_draws",  # dpbench-tune's random draws of hyper-parameters (indexed: 0 lr and batch
+    # size, 1 clip floor; seeded by the master seed)
     "partitions",  # the fixed partitions of cyclic Poisson sampling (BandMF)
     "engine_check",  # per-example draws of the loss during the per-run engine check
     "task_rank",  # per-example draws of the loss on rank r of a K-process run (indexed by r)
+    "hpo_selection",  # the search's private selection (dpbench-tune's exponential mechanism)
 )
 
 

@@ -179,8 +179,8 @@ def test_two_records_for_one_seed_and_side_name_both_files(tmp_path):
 
 def test_ablation_variants_are_tuned_on_their_own():
     """The choice key holds the settings that define a variant, and the spec tunes each."""
+    from dpbench.config.compose import compose_config
     from dpbench.tune.choices import cfg_cell_key
-    from dpbench.tune.cli import compose_config
 
     def key(*extra):
         return cfg_cell_key(compose_config(["experiment=fiber_mnist_cpu", "method=fiber",
@@ -310,7 +310,7 @@ def test_reproduce_shares_its_parallelism_with_every_sweep(tmp_path):
     tuned = [job["tune"] for job in jobs if "tune" in job]
     plain = [job["cmd"] for job in jobs if "cmd" in job]
     assert tuned and plain
-    assert all(argv[argv.index("--jobs") + 1] == "2" for argv in tuned)
+    assert all(options["jobs"] == 2 for options in tuned)
     assert all("hydra.launcher.n_jobs=2" in cmd for cmd in plain)
     assert default_jobs("cpu") == min(available_cores(), 8) and default_jobs("paper") == 1
     with pytest.raises(SystemExit):
@@ -324,9 +324,9 @@ def test_claim_seeds_raise_only_that_claims_sweeps(tmp_path):
                        str(tmp_path)])
     jobs = {job["folder"].name: job["tune"] for job in sweep_commands(load_spec("fiber"), args,
                                                                       tmp_path)}
-    seeds = {name: argv[argv.index("--seeds") + 1] for name, argv in jobs.items()}
-    assert seeds["ablation_none"] == seeds["ablation_filter_aware"] == "0,1,2,3,4,5,6,7"
-    assert seeds["grid"] == seeds["ablation_standard"] == "0,1,2,3,4"
+    seeds = {name: options["seeds"] for name, options in jobs.items()}
+    assert seeds["ablation_none"] == seeds["ablation_filter_aware"] == list(range(8))
+    assert seeds["grid"] == seeds["ablation_standard"] == list(range(5))
     with pytest.raises(SystemExit):
         parse_args(["fiber", "--claim-seeds", "fiber_vs_disk=1"])
 

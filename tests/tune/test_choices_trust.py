@@ -9,10 +9,10 @@ import os
 
 import pytest
 
+from dpbench.config.compose import compose_config
 from dpbench.errors import ConfigError
-from dpbench.privacy.selection import ledgers_epsilon
+from dpbench.privacy.composition import compose_ledgers
 from dpbench.tune.choices import CHOICES_VERSION, apply_tuned, cfg_cell_key, write_choice
-from dpbench.tune.cli import compose_config
 
 CELL = ["dataset=digits", "model=logreg", "method=dpsgd", "privacy=eps3", "trainer.epochs=1",
         "trainer.device=cpu"]
@@ -21,11 +21,11 @@ LEDGER = [{"sample_rate": 0.05, "noise_multiplier": 1.0, "queries": [], "steps":
 
 def _accounted_choice(key: str) -> dict:
     """A well-formed accounted choice: two trials, each with its own ledger."""
-    trial_eps = ledgers_epsilon([LEDGER], 1e-5, "pld")
+    trial_eps = compose_ledgers([LEDGER], 1e-5, "pld")
     trials = [{"lr": lr, "seed": i + 1, "score": 0.5, "epsilon": trial_eps, "delta": 1e-5,
                "accountant": "pld", "validation_size": 200, "steps": 20,
                "ledger": copy.deepcopy(LEDGER)} for i, lr in enumerate((0.1, 0.5))]
-    total = ledgers_epsilon([LEDGER * 2], 1e-5, "pld")
+    total = compose_ledgers([LEDGER * 2], 1e-5, "pld")
     return {"key": key, "mode": "accounted", "select": "accuracy", "grid": [0.1, 0.5],
             "trials": trials, "search_ledger": LEDGER * 2, "selection_epsilon": 3.0,
             "delta": 1e-5, "accountant": "pld", "trials_epsilon": total,
@@ -49,7 +49,7 @@ def test_a_well_formed_accounted_choice_is_applied_with_recomputed_totals(tmp_pa
     assert cfg.method.optimizer.lr == 0.5
     assert len(cfg.tuning.search_ledger) == 2
     assert cfg.tuning.search_epsilon == pytest.approx(
-        max(ledgers_epsilon([LEDGER * 2], 1e-5, "pld"), 3.0))
+        max(compose_ledgers([LEDGER * 2], 1e-5, "pld"), 3.0))
 
 
 @pytest.mark.parametrize("name, value, match", [
@@ -62,6 +62,10 @@ def test_a_well_formed_accounted_choice_is_applied_with_recomputed_totals(tmp_pa
     ("method.optimizer.lr", -1.0, "finite number > 0"),
     ("method.optimizer.lr", "0.1", "must be a number"),
     ("method.optimizer.lr", float("inf"), "finite number > 0"),
+    ("trainer.batch_size", 0, "integer >= 1"),
+    ("trainer.batch_size", 2.5, "integer >= 1"),
+    ("method.settings.clip_floor", -1.0, "finite number >= 0"),
+    ("method.settings.clip_floor", 0.1, "is not a setting of this cell"),  # dpsgd has none
 ])
 def test_a_choice_sets_only_tunable_keys_each_checked(tmp_path, key, name, value, match):
     choice = _accounted_choice(key)

@@ -11,13 +11,11 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from omegaconf import OmegaConf
 
+from dpbench.config.compose import compose_config
 from dpbench.data import get_dataset_builder
 from dpbench.data.base import carve_validation
-from dpbench.privacy.selection import (
-    exponential_mechanism,
-    ledgers_epsilon,
-    search_and_run_epsilon,
-)
+from dpbench.privacy.composition import compose_ledgers
+from dpbench.privacy.selection import exponential_mechanism, search_and_run_epsilon
 from dpbench.tune.choices import apply_tuned, cell_key, write_choice
 from dpbench.tune.cli import main, train
 from dpbench.tune.search import TuneSettings, expand_cells, search_cell, spawn_seeds
@@ -77,7 +75,7 @@ def test_accounted_search_epsilon_is_the_composition_of_its_trials():
     # both are upper bounds on the same composition; their discretisations differ by < 0.1 %
     assert choice["trials_epsilon"] == pytest.approx(independent, rel=1e-3)
     assert choice["search_epsilon"] == pytest.approx(independent, rel=1e-3)  # > selection eps
-    trials = ledgers_epsilon([choice["search_ledger"]], choice["delta"], choice["accountant"])
+    trials = compose_ledgers([choice["search_ledger"]], choice["delta"], choice["accountant"])
     assert choice["trials_epsilon"] == pytest.approx(trials)
     steps = [t["steps"] for t in choice["trials"]]
     assert len(steps) == 2 and min(steps) > 0
@@ -108,13 +106,12 @@ def test_failed_trial_ledger_is_composed(monkeypatch):
 def test_total_epsilon_covers_trials_selection_and_run():
     ledger = [{"noise_multiplier": 1.0, "sample_rate": 0.05, "steps": 100}]
     total = search_and_run_epsilon(ledger * 3, 1.0, ledger, 2.0, 1e-5, "rdp")
-    assert total == pytest.approx(max(ledgers_epsilon([ledger * 4], 1e-5, "rdp"), 3.0))
+    assert total == pytest.approx(max(compose_ledgers([ledger * 4], 1e-5, "rdp"), 3.0))
     assert search_and_run_epsilon(ledger, 5.0, ledger, 2.0, 1e-5, "rdp") == 7.0
 
 
 def test_stored_choice_is_applied_to_a_later_run(tmp_path):
     from dpbench.tune.choices import cfg_cell_key
-    from dpbench.tune.cli import compose_config
 
     path = tmp_path / "choices.json"
     key = cfg_cell_key(compose_config(CELL))

@@ -9,6 +9,7 @@ import re
 import pytest
 import torch
 
+from dpbench.config.compose import compose_config
 from dpbench.tune.cli import main
 from dpbench.utils.lock import RunDirLock
 
@@ -84,7 +85,6 @@ def test_an_unwritable_out_folder_is_refused(tmp_path, capfd):
 
 def test_a_stored_hostile_choice_is_refused_before_any_trial(tmp_path, capfd):
     from dpbench.tune.choices import CHOICES_VERSION, cfg_cell_key
-    from dpbench.tune.cli import compose_config
 
     out = tmp_path / "out"
     out.mkdir()
