@@ -120,7 +120,7 @@ def test_two_trials_draw_independent_noise_and_batches(monkeypatch):
 
     def record_step(self, batch):
         metrics = step(self, batch)
-        batches.append(int(metrics["private"]["batch_size"]))
+        batches.append(int(metrics["unprivatised"]["batch_size"]))
         return metrics
 
     monkeypatch.setattr(torch, "normal", record_normal)
