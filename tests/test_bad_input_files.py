@@ -151,7 +151,7 @@ def _run_record(seed: int, accuracy: float, **extra) -> dict:
 
 
 def test_report_counts_one_run_per_cell_and_seed(tmp_path):
-    from dpbench.report import build_report
+    from dpbench.analysis.report import build_report
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "results.json").write_text(json.dumps(_run_record(0, 0.9)))
@@ -165,7 +165,7 @@ def test_report_counts_one_run_per_cell_and_seed(tmp_path):
 
 
 def test_report_keeps_audit_runs_out_of_the_utility_table(tmp_path):
-    from dpbench.report import build_report
+    from dpbench.analysis.report import build_report
 
     for seed in (0, 1):
         (tmp_path / f"run{seed}").mkdir()
@@ -183,7 +183,7 @@ def test_report_keeps_audit_runs_out_of_the_utility_table(tmp_path):
 def test_report_refuses_an_unwritable_folder_in_one_line(tmp_path, capfd):
     """The report cannot be written (a folder stands where report.md goes: root cannot write
     it either); one line, exit 2, and the folder in the way is left as it was."""
-    from dpbench.report import main
+    from dpbench.analysis.report import main
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "results.json").write_text(json.dumps(_run_record(0, 0.9)))
@@ -194,7 +194,7 @@ def test_report_refuses_an_unwritable_folder_in_one_line(tmp_path, capfd):
 
 
 def test_report_refuses_a_missing_folder(tmp_path, capfd):
-    from dpbench.report import main
+    from dpbench.analysis.report import main
 
     assert main([str(tmp_path / "nothing")]) == 2
     assert "is not a folder" in capfd.readouterr().err
@@ -234,7 +234,7 @@ def test_json_depth_ignores_brackets_inside_strings():
 
 def test_report_write_failure_is_one_line_even_as_root(tmp_path, capfd, monkeypatch):
     """The read-only case without relying on file modes (root ignores them)."""
-    import dpbench.report as report
+    import dpbench.analysis.report as report
 
     def refuse(path, data):
         raise PermissionError(13, "Permission denied", str(path))

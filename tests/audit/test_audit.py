@@ -75,8 +75,8 @@ def test_audit_cli_rejects_bad_settings_and_leaves_nothing(tmp_path, monkeypatch
 
 
 def test_report_lists_epsilon_lower_next_to_the_claim(tmp_path):
+    from dpbench.analysis.report import build_report
     from dpbench.logging.records import write_record
-    from dpbench.report import build_report
 
     cfg = audit_config(*method_overrides("dpsgd"), *SMALL_AUDIT)
     write_record(tmp_path / "a", run_audit(cfg))

@@ -203,7 +203,7 @@ def test_a_failing_sweep_job_does_not_stop_the_others(tmp_path, monkeypatch):
         assert bad["status"] == "failed" and "trainer.batch_size must be <= N" in bad["error"]
         # a missing device is refused first, before the data-dependent batch check
         assert "trainer.device=cuda:99" in records[(5000, opt, "cuda:99")]["error"]
-    from dpbench.report import build_report
+    from dpbench.analysis.report import build_report
 
     _, markdown = build_report(sweep)  # the report lists the failures with their errors
     assert markdown.count("\n- ") == 7 and "TrainingDiverged" in markdown
