@@ -58,7 +58,7 @@ DPBENCH_MODES = tuple(m for m in GRAD_SAMPLE_MODES if m != "auto")
 OPACUS_MODES = ("hooks", "ghost")
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
 
@@ -85,7 +85,7 @@ def _nonprivate_step(model, batch) -> Callable[[], None]:
     return step
 
 
-def _dpbench_step(model, mode: str, batch, device, collective: Collective | None = None,
+def dpbench_step(model, mode: str, batch, device, collective: Collective | None = None,
                   expected_batch_size: float | None = None) -> Callable[[], None]:
     """Return one dpbench DP-SGD step (the loop's release + update) in grad-sample ``mode``;
     with ``collective``, ``batch`` is this rank's slice of a batch of ``expected_batch_size``."""
@@ -169,7 +169,7 @@ def _cached_step(model, batch, device) -> Callable[[], None]:
         model.eval()
         features = model.prefix_features(batch[0], batch[1])
         model.train()
-    return _dpbench_step(PrefixCachedModel(model), "bk", (features, *batch[1:]), device)
+    return dpbench_step(PrefixCachedModel(model), "bk", (features, *batch[1:]), device)
 
 
 def _opacus_step(model, mode: str, batch) -> Callable[[], None]:
@@ -203,12 +203,12 @@ def bench_model(name: str, modes: list[str], opacus_modes: list[str], batch: int
     "opacus <mode>") on one model and batch, repetitions interleaved; failed variants map to
     nan."""
     torch.manual_seed(0)
-    base, data = _model_and_batch(name, shape, batch, device)
+    base, data = model_and_batch(name, shape, batch, device)
     steps: dict[str, Callable[[], None]] = {"nonprivate": _nonprivate_step(base, data)}
     failed: dict[str, str] = {}
     for mode in modes:
         try:
-            steps[f"dpbench {mode}"] = _dpbench_step(copy.deepcopy(base), mode, data, device)
+            steps[f"dpbench {mode}"] = dpbench_step(copy.deepcopy(base), mode, data, device)
         except Exception as err:  # a mode a model does not support
             failed[f"dpbench {mode}"] = type(err).__name__
     if name in TEXT_MODELS:
@@ -229,10 +229,10 @@ def _time_steps(steps: dict[str, Callable[[], None]], failed: dict[str, str], re
     times: dict[str, list[float]] = {k: [] for k in steps}
 
     def timed(fn) -> float:
-        _sync(device)
+        sync_device(device)
         start = clock()
         fn()
-        _sync(device)
+        sync_device(device)
         return clock() - start
 
     for key, fn in list(steps.items()):
@@ -282,7 +282,7 @@ def summarise_rounds(rounds: list[dict[str, float]]) -> dict[str, tuple[float, s
     return out
 
 
-def _model_and_batch(name: str, shape, batch: int, device: torch.device):
+def model_and_batch(name: str, shape, batch: int, device: torch.device):
     """Return (model, batch): random images and 10 labels, or token ids of length shape[0]
     with padded tails and 2 labels for a text model."""
     if name in EXTRA_MODELS:

@@ -9,14 +9,14 @@ import shutil
 
 import pytest
 
-from dpbench.cli import _hydra_entry
+from dpbench.cli import hydra_main
 from dpbench.errors import ConfigError
 from tests.cli_helpers import run_cli
 
 BASE = ["dataset=digits", "model=logreg", "method=dpsgd", "privacy=eps3", "trainer.epochs=1"]
 
 
-def _refused(tmp_path, monkeypatch, capfd, overrides, entry=_hydra_entry) -> str:
+def _refused(tmp_path, monkeypatch, capfd, overrides, entry=hydra_main) -> str:
     """Run ``overrides``; assert exit 2, one stderr line, no run folder; return the line."""
     run_dir = tmp_path / "run"
     code = run_cli(entry, [*BASE, *overrides, f"hydra.run.dir={run_dir}"], monkeypatch)
@@ -97,7 +97,7 @@ def test_a_training_run_never_replaces_an_audit_record(tmp_path, monkeypatch, ca
     record = {"kind": "audit", "status": "completed", "dataset": "digits", "model": "logreg",
               "method": "dpsgd"}
     (run_dir / "results.json").write_text(json.dumps(record))
-    code = run_cli(_hydra_entry, [*BASE, f"hydra.run.dir={run_dir}"], monkeypatch)
+    code = run_cli(hydra_main, [*BASE, f"hydra.run.dir={run_dir}"], monkeypatch)
     assert code == 2 and "holds a dpbench-audit run" in capfd.readouterr().err
     assert json.loads((run_dir / "results.json").read_text()) == record
 
@@ -115,7 +115,7 @@ def _training_folder(path):
 
 
 def test_an_audit_refuses_a_training_run_folder(tmp_path, monkeypatch, capfd):
-    from dpbench.audit.cli import _hydra_entry as audit_entry
+    from dpbench.audit.cli import hydra_main as audit_entry
 
     run_dir = tmp_path / "train"
     record = _training_folder(run_dir)
@@ -128,7 +128,7 @@ def test_an_audit_refuses_a_training_run_folder(tmp_path, monkeypatch, capfd):
 
 
 def test_an_audit_refuses_a_locked_folder(tmp_path, monkeypatch, capfd):
-    from dpbench.audit.cli import _hydra_entry as audit_entry
+    from dpbench.audit.cli import hydra_main as audit_entry
     from dpbench.utils.lock import RunDirLock
 
     run_dir = tmp_path / "audit"
@@ -255,7 +255,7 @@ def test_a_planted_lock_link_never_truncates_its_target(tmp_path, monkeypatch, c
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / ".dpbench.lock").symlink_to(victim)
-    code = run_cli(_hydra_entry, [*BASE, f"hydra.run.dir={run_dir}"], monkeypatch)
+    code = run_cli(hydra_main, [*BASE, f"hydra.run.dir={run_dir}"], monkeypatch)
     assert code == 2 and "is a symbolic link, not a dpbench lock" in capfd.readouterr().err
     assert victim.read_text() == "years of work"
 
