@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpbench.config.schema import TrainerConfig, check_seed, register_schemas
 from dpbench.errors import ConfigError, DataError, DPBenchError
-from dpbench.logging.records import RESULTS_NAME, failed_record, write_record
+from dpbench.logging.records import COMPLETED, RESULTS_NAME, failed_record, write_record
 from dpbench.training.distributed import (
     Collective,
     close_collective,
@@ -194,7 +194,7 @@ def _completed_record(cfg: DictConfig, results: Path) -> dict | None:
     from dpbench.experiment import fingerprint
 
     record = json.loads(results.read_text())
-    if record.get("status") != "completed":
+    if record.get("status") != COMPLETED:
         return None
     if fingerprint(OmegaConf.create(record.get("config") or {})) != fingerprint(cfg):
         raise ConfigError(f"{results} was written by another configuration; resume with the "
