@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup lock demo test test-numerics test-data test-device test-full lint format bench clean reproduce reproduce-fiber \
+.PHONY: help setup lock demo test test-numerics test-data test-device test-full lint format bench clean privacy-audit reproduce reproduce-fiber \
         reproduce-dp-adaln reproduce-bounded-adaclip reproduce-dp-ivon reproduce-spectral
 
 
@@ -79,6 +79,15 @@ format: $(STAMP)  ## ruff format + import sort
 
 bench: $(STAMP)  ## DP step time / non-private step time per model and grad-sample mode
 	$(BIN)/dpbench-bench
+
+# The privacy table over every method's tiny test config (tests/privacy/matrix.py: ledger
+# check, sensitivity, audit; ARGS=--canaries N), then the fault and bad-input tests.
+PRIVACY_TESTS := tests/test_bad_input.py tests/training/test_faults.py \
+                 tests/privacy/test_ledger_check.py tests/training/test_sensitivity.py tests/audit
+
+privacy-audit: $(STAMP)  ## every method x (ledger check, sensitivity, audit), then the fault tests
+	PYTHONPATH=. nice -n 10 $(BIN)/python -m tests.privacy.matrix $(ARGS)
+	PYTHONPATH=. $(BIN)/python -m pytest -q $(PRIVACY_TESTS)
 
 clean:  ## remove run outputs (keeps .venv)
 	rm -rf outputs/runs outputs/multirun

@@ -8,10 +8,16 @@ update) on the same batch. Warm-up first, then repetitions that rotate the order
 variants, so drift (thermal, other load) hits each alike. The load average is printed: on a
 shared machine, compare ratios from one run only.
 
-``--models fiber_cpu`` times whole loop steps of DP-AdamW, DiSK and FIBER (release,
-post-processing, update; the methods' own optimisers) on the ``fiber_cifar10_cpu`` preset's
-model and batch in each engine mode, against DP-AdamW's book-keeping step: the cost of the
-second evaluation point. ``--models vit_small`` is the ViT preset's model at a CPU resolution.
+Method rows (``METHOD_MODELS``) time whole loop steps of several methods (release, the
+method's noise and post-processing, update; the methods' own optimisers) on one preset's
+model and batch in each engine mode, against the first method's book-keeping step.
+``--models fiber_cpu``: DP-AdamW, DiSK and FIBER on ``fiber_cifar10_cpu``'s, the cost of
+the second evaluation point; ``--models bandmf_cpu``: DP-SGD and BandMF on
+``fiber_mnist_cpu``'s, the cost of the correlated noise. ``--models vit_small`` is the ViT
+preset's model at a CPU resolution.
+
+``stopwatch`` is the harness's clock reading (the device synchronised first); the in-run
+overhead timer (``dpbench.analysis.overhead``) reads the same clock.
 """
 
 from __future__ import annotations
@@ -49,18 +55,28 @@ TEXT_MODELS = {"minilm_lora": {"layers": [4, 5]}}
 #: patches of 16 x 16 plus the class token
 EXTRA_MODELS = {"vit_small": ("pretrained", {"arch": "vit_small", "weights": False,
                                              "resolution": 64}, (3, 32, 32), 32, 256)}
-#: method comparisons: one step of each method under book-keeping on a preset's model and
-#: batch, against DP-AdamW's bk step (the first). ``fiber_cpu`` is ``fiber_cifar10_cpu``: the
-#: 2-layer CNN on 3 x 32 x 32 images, B 256; DiSK and FIBER take two evaluation points
-METHOD_MODELS = {"fiber_cpu": ("cnn2", (3, 32, 32), 256, 1024, ("dpadamw", "disk", "fiber"))}
+#: method comparisons: (model, input shape, CPU batch, CUDA batch, methods): one step of each
+#: method on a preset's model and batch, against the first method's bk step. ``fiber_cpu`` is
+#: ``fiber_cifar10_cpu``: the 2-layer CNN on 3 x 32 x 32 images, B 256; DiSK and FIBER take
+#: two evaluation points. ``bandmf_cpu`` is ``fiber_mnist_cpu``: the 2-layer CNN on MNIST's
+#: 1 x 28 x 28, B 256; BandMF (its default b) against plain DP-SGD
+METHOD_MODELS = {"fiber_cpu": ("cnn2", (3, 32, 32), 256, 1024, ("dpadamw", "disk", "fiber")),
+                 "bandmf_cpu": ("cnn2", (1, 28, 28), 256, 1024, ("dpsgd", "bandmf"))}
 CACHED = "dpbench bk + prefix cache"
 DPBENCH_MODES = tuple(m for m in GRAD_SAMPLE_MODES if m != "auto")
 OPACUS_MODES = ("hooks", "ghost")
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+def stopwatch(device: torch.device, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Return ``clock()`` once the work queued on ``device`` is done (the harness's reading:
+    a difference of two is the time of what ran between them)."""
+    sync_device(device)
+    return clock()
 
 
 def _forward(model, batch):
@@ -85,7 +101,7 @@ def _nonprivate_step(model, batch) -> Callable[[], None]:
     return step
 
 
-def _dpbench_step(model, mode: str, batch, device, collective: Collective | None = None,
+def dpbench_step(model, mode: str, batch, device, collective: Collective | None = None,
                   expected_batch_size: float | None = None) -> Callable[[], None]:
     """Return one dpbench DP-SGD step (the loop's release + update) in grad-sample ``mode``;
     with ``collective``, ``batch`` is this rank's slice of a batch of ``expected_batch_size``."""
@@ -108,8 +124,9 @@ def _dpbench_step(model, mode: str, batch, device, collective: Collective | None
 
 def _method_step(model, method_name: str, mode: str, batch, device) -> Callable[[], None]:
     """Return one loop step of ``method_name`` (its YAML's optimiser and default settings):
-    release, post-processing, update. Call it once before timing: DiSK and FIBER take their
-    second evaluation point from the second step on (theta_{t-1} is then known)."""
+    release (with the method's noise shaper, e.g. BandMF's), post-processing, update. Call it
+    once before timing: DiSK and FIBER take their second evaluation point from the second step
+    on (theta_{t-1} is then known)."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
@@ -131,9 +148,10 @@ def _method_step(model, method_name: str, mode: str, batch, device) -> Callable[
                       expected_batch_size=float(size), sample_rate=0.01,
                       dataset_size=size * 100, total_steps=100, generator=gen,
                       noise_std=1.0 / size)
+    shaper = method.noise_shaper(info)
 
     def step() -> None:
-        release = private_release(method, engine, task, batch, ctx, 1.0, None)
+        release = private_release(method, engine, task, batch, ctx, 1.0, None, shaper)
         method.update(method.postprocess(release.grads, ctx), ctx)
         ctx.step += 1
     return step
@@ -169,7 +187,7 @@ def _cached_step(model, batch, device) -> Callable[[], None]:
         model.eval()
         features = model.prefix_features(batch[0], batch[1])
         model.train()
-    return _dpbench_step(PrefixCachedModel(model), "bk", (features, *batch[1:]), device)
+    return dpbench_step(PrefixCachedModel(model), "bk", (features, *batch[1:]), device)
 
 
 def _opacus_step(model, mode: str, batch) -> Callable[[], None]:
@@ -203,12 +221,12 @@ def bench_model(name: str, modes: list[str], opacus_modes: list[str], batch: int
     "opacus <mode>") on one model and batch, repetitions interleaved; failed variants map to
     nan."""
     torch.manual_seed(0)
-    base, data = _model_and_batch(name, shape, batch, device)
+    base, data = model_and_batch(name, shape, batch, device)
     steps: dict[str, Callable[[], None]] = {"nonprivate": _nonprivate_step(base, data)}
     failed: dict[str, str] = {}
     for mode in modes:
         try:
-            steps[f"dpbench {mode}"] = _dpbench_step(copy.deepcopy(base), mode, data, device)
+            steps[f"dpbench {mode}"] = dpbench_step(copy.deepcopy(base), mode, data, device)
         except Exception as err:  # a mode a model does not support
             failed[f"dpbench {mode}"] = type(err).__name__
     if name in TEXT_MODELS:
@@ -229,11 +247,9 @@ def _time_steps(steps: dict[str, Callable[[], None]], failed: dict[str, str], re
     times: dict[str, list[float]] = {k: [] for k in steps}
 
     def timed(fn) -> float:
-        _sync(device)
-        start = clock()
+        start = stopwatch(device, clock)
         fn()
-        _sync(device)
-        return clock() - start
+        return stopwatch(device, clock) - start
 
     for key, fn in list(steps.items()):
         try:
@@ -282,7 +298,7 @@ def summarise_rounds(rounds: list[dict[str, float]]) -> dict[str, tuple[float, s
     return out
 
 
-def _model_and_batch(name: str, shape, batch: int, device: torch.device):
+def model_and_batch(name: str, shape, batch: int, device: torch.device):
     """Return (model, batch): random images and 10 labels, or token ids of length shape[0]
     with padded tails and 2 labels for a text model."""
     if name in EXTRA_MODELS:

@@ -29,7 +29,7 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, spec: dict[str, Any], results: Any) -> None:
-    from dpbench.bench import _dpbench_step, _model_and_batch, _sync
+    from dpbench.bench import dpbench_step, model_and_batch, sync_device
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     cuda = spec["device"] == "cuda"
@@ -41,20 +41,20 @@ def _worker(rank: int, world: int, port: int, spec: dict[str, Any], results: Any
     try:
         torch.set_num_threads(spec["threads"])
         torch.manual_seed(0)
-        model, batch = _model_and_batch(spec["model"], spec["shape"], spec["batch"], device)
+        model, batch = model_and_batch(spec["model"], spec["shape"], spec["batch"], device)
         mine = tuple(t[rank::world] for t in batch)
-        step = _dpbench_step(model, spec["mode"], mine, device,
-                             collective=Collective(rank=rank, world_size=world),
-                             expected_batch_size=float(spec["batch"]))
+        step = dpbench_step(model, spec["mode"], mine, device,
+                            collective=Collective(rank=rank, world_size=world),
+                            expected_batch_size=float(spec["batch"]))
         for _ in range(spec["warmup"]):
             step()
         times = []
         for _ in range(spec["reps"]):
             torch.distributed.barrier()
-            _sync(device)
+            sync_device(device)
             start = time.perf_counter()
             step()
-            _sync(device)
+            sync_device(device)
             times.append(time.perf_counter() - start)
         if rank == 0:
             results.put(statistics.median(times))

@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpbench.config.schema import TrainerConfig, check_seed, register_schemas
 from dpbench.errors import ConfigError, DataError, DPBenchError
-from dpbench.logging.records import RESULTS_NAME, failed_record, write_record
+from dpbench.logging.records import COMPLETED, RESULTS_NAME, failed_record, write_record
 from dpbench.training.distributed import (
     Collective,
     close_collective,
@@ -40,7 +40,13 @@ from dpbench.training.distributed import (
 from dpbench.training.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionWatch
 from dpbench.tune.choices import apply_tuned
 from dpbench.utils.conf import CONF_DIR
-from dpbench.utils.io import atomic_write_bytes, make_dirs, remove_created
+from dpbench.utils.io import (
+    atomic_write_bytes,
+    make_dirs,
+    record_created,
+    remove_created,
+    take_created,
+)
 from dpbench.utils.lock import RunDirLock
 from dpbench.utils.paths import check_path_values, check_run_dir, register_path_resolver
 from dpbench.utils.threads import apply_threads, torch_threads
@@ -48,11 +54,6 @@ from dpbench.utils.threads import apply_threads, torch_threads
 log = logging.getLogger("dpbench")
 register_schemas()
 register_path_resolver()
-
-#: run dir -> the folders this process created for it (Hydra creates the run dir before the
-#: job starts, so RunDirGuard records them first; a refused run removes only these)
-_CREATED_DIRS: dict[str, list[Path]] = {}
-
 
 def _print_error(message: str) -> None:
     """Print ``message`` as the one line ``dpbench: error: ...`` (inner newlines joined)."""
@@ -78,13 +79,6 @@ def _make_dirs(path: Path, key: str) -> list[Path]:
         _fail(f"cannot create {key}={path}: {err.strerror or err} ({err.filename or path})")
 
 
-def _remove_if_fresh(run_dir: Path, existed_before: bool) -> None:
-    """Remove the folders this process created for ``run_dir`` (for entry points that refuse)."""
-    created = _CREATED_DIRS.pop(str(Path(os.path.abspath(run_dir))), [])
-    if not existed_before:
-        remove_created(created)
-
-
 class RunDirGuard(HydraCallback):
     """Create the run (or sweep) folder before Hydra does, recording what did not exist.
 
@@ -94,7 +88,9 @@ class RunDirGuard(HydraCallback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         run_dir = Path(os.path.abspath(str(OmegaConf.select(config, "hydra.run.dir"))))
-        _CREATED_DIRS[str(run_dir)] = _make_dirs(run_dir, "hydra.run.dir")
+        # Hydra creates the run dir before the job starts, so the folders are recorded
+        # here first; a refused run removes only these (utils.io.take_created)
+        record_created(run_dir, _make_dirs(run_dir, "hydra.run.dir"))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(os.path.abspath(str(OmegaConf.select(config, "hydra.sweep.dir"))))
@@ -198,7 +194,7 @@ def _completed_record(cfg: DictConfig, results: Path) -> dict | None:
     from dpbench.experiment import fingerprint
 
     record = json.loads(results.read_text())
-    if record.get("status") != "completed":
+    if record.get("status") != COMPLETED:
         return None
     if fingerprint(OmegaConf.create(record.get("config") or {})) != fingerprint(cfg):
         raise ConfigError(f"{results} was written by another configuration; resume with the "
@@ -230,7 +226,7 @@ def run_job(cfg: DictConfig) -> dict | None:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
-    created = _CREATED_DIRS.pop(str(run_dir), [])
+    created = take_created(run_dir)
     try:
         from_slurm_tasks()  # a SLURM job with K tasks: torchrun's variables from submitit
         collective = init_collective(str(cfg.trainer.get("device", "auto")))
@@ -435,7 +431,7 @@ def _resume(trainer) -> None:
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
-def _hydra_entry(cfg: DictConfig) -> None:
+def hydra_main(cfg: DictConfig) -> None:
     run_job(cfg)
 
 
@@ -449,7 +445,7 @@ def main() -> None:
         _fail("torchrun trains one run across its processes, not a sweep: sweep with a "
               "launcher whose jobs have K tasks (hydra/launcher=submitit_slurm "
               "hydra.launcher.tasks_per_node=K; docs/distributed.md)")
-    _hydra_entry()
+    hydra_main()
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dpbench.cli import _hydra_entry
+from dpbench.cli import hydra_main
 from dpbench.methods import METHODS, method_names
 from dpbench.methods.base import DPMethod
 from tests.cli_helpers import run_cli
@@ -59,7 +59,7 @@ ROWS = [
 
 def _run(monkeypatch, tmp_path, overrides, capfd):
     run_dir = tmp_path / "run"
-    code = run_cli(_hydra_entry, [*BASE, *overrides, f"hydra.run.dir={run_dir}"], monkeypatch)
+    code = run_cli(hydra_main, [*BASE, *overrides, f"hydra.run.dir={run_dir}"], monkeypatch)
     captured = capfd.readouterr()
     return code, captured.err + captured.out, run_dir
 
@@ -121,7 +121,7 @@ def _snapshot(run_dir: Path) -> dict[str, bytes]:
 def test_checkpoint_from_another_config_on_resume(finished, monkeypatch, tmp_path, capfd):
     """A run dir written by one config refuses a resume under another, and stays untouched."""
     run_dir = tmp_path / "run"
-    assert run_cli(_hydra_entry, [*BASE, "trainer.epochs=2", f"hydra.run.dir={run_dir}"],
+    assert run_cli(hydra_main, [*BASE, "trainer.epochs=2", f"hydra.run.dir={run_dir}"],
                    monkeypatch) == 0
     if not finished:  # as after a kill in epoch 2: results.json says running
         import json
@@ -131,7 +131,7 @@ def test_checkpoint_from_another_config_on_resume(finished, monkeypatch, tmp_pat
         (run_dir / "results.json").write_text(json.dumps(record))
     before = _snapshot(run_dir)
     capfd.readouterr()
-    code = run_cli(_hydra_entry, [*BASE, "trainer.epochs=2", "method.optimizer.lr=0.1",
+    code = run_cli(hydra_main, [*BASE, "trainer.epochs=2", "method.optimizer.lr=0.1",
                                   "trainer.resume=true", f"hydra.run.dir={run_dir}"],
                    monkeypatch)
     output = capfd.readouterr().err
@@ -177,7 +177,7 @@ SETTINGS_ROWS = [
 
 
 def _cli(monkeypatch, capfd, *args: str) -> tuple[int, str]:
-    code = run_cli(_hydra_entry, [*BASE, *args], monkeypatch)
+    code = run_cli(hydra_main, [*BASE, *args], monkeypatch)
     captured = capfd.readouterr()
     return code, captured.err + captured.out
 

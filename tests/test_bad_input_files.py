@@ -9,14 +9,14 @@ import shutil
 
 import pytest
 
-from dpbench.cli import _hydra_entry
+from dpbench.cli import hydra_main
 from dpbench.errors import ConfigError
 from tests.cli_helpers import run_cli
 
 BASE = ["dataset=digits", "model=logreg", "method=dpsgd", "privacy=eps3", "trainer.epochs=1"]
 
 
-def _refused(tmp_path, monkeypatch, capfd, overrides, entry=_hydra_entry) -> str:
+def _refused(tmp_path, monkeypatch, capfd, overrides, entry=hydra_main) -> str:
     """Run ``overrides``; assert exit 2, one stderr line, no run folder; return the line."""
     run_dir = tmp_path / "run"
     code = run_cli(entry, [*BASE, *overrides, f"hydra.run.dir={run_dir}"], monkeypatch)
@@ -97,7 +97,7 @@ def test_a_training_run_never_replaces_an_audit_record(tmp_path, monkeypatch, ca
     record = {"kind": "audit", "status": "completed", "dataset": "digits", "model": "logreg",
               "method": "dpsgd"}
     (run_dir / "results.json").write_text(json.dumps(record))
-    code = run_cli(_hydra_entry, [*BASE, f"hydra.run.dir={run_dir}"], monkeypatch)
+    code = run_cli(hydra_main, [*BASE, f"hydra.run.dir={run_dir}"], monkeypatch)
     assert code == 2 and "holds a dpbench-audit run" in capfd.readouterr().err
     assert json.loads((run_dir / "results.json").read_text()) == record
 
@@ -115,7 +115,7 @@ def _training_folder(path):
 
 
 def test_an_audit_refuses_a_training_run_folder(tmp_path, monkeypatch, capfd):
-    from dpbench.audit.cli import _hydra_entry as audit_entry
+    from dpbench.audit.cli import hydra_main as audit_entry
 
     run_dir = tmp_path / "train"
     record = _training_folder(run_dir)
@@ -128,7 +128,7 @@ def test_an_audit_refuses_a_training_run_folder(tmp_path, monkeypatch, capfd):
 
 
 def test_an_audit_refuses_a_locked_folder(tmp_path, monkeypatch, capfd):
-    from dpbench.audit.cli import _hydra_entry as audit_entry
+    from dpbench.audit.cli import hydra_main as audit_entry
     from dpbench.utils.lock import RunDirLock
 
     run_dir = tmp_path / "audit"
@@ -151,7 +151,7 @@ def _run_record(seed: int, accuracy: float, **extra) -> dict:
 
 
 def test_report_counts_one_run_per_cell_and_seed(tmp_path):
-    from dpbench.report import build_report
+    from dpbench.analysis.report import build_report
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "results.json").write_text(json.dumps(_run_record(0, 0.9)))
@@ -165,7 +165,7 @@ def test_report_counts_one_run_per_cell_and_seed(tmp_path):
 
 
 def test_report_keeps_audit_runs_out_of_the_utility_table(tmp_path):
-    from dpbench.report import build_report
+    from dpbench.analysis.report import build_report
 
     for seed in (0, 1):
         (tmp_path / f"run{seed}").mkdir()
@@ -183,7 +183,7 @@ def test_report_keeps_audit_runs_out_of_the_utility_table(tmp_path):
 def test_report_refuses_an_unwritable_folder_in_one_line(tmp_path, capfd):
     """The report cannot be written (a folder stands where report.md goes: root cannot write
     it either); one line, exit 2, and the folder in the way is left as it was."""
-    from dpbench.report import main
+    from dpbench.analysis.report import main
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "results.json").write_text(json.dumps(_run_record(0, 0.9)))
@@ -194,7 +194,7 @@ def test_report_refuses_an_unwritable_folder_in_one_line(tmp_path, capfd):
 
 
 def test_report_refuses_a_missing_folder(tmp_path, capfd):
-    from dpbench.report import main
+    from dpbench.analysis.report import main
 
     assert main([str(tmp_path / "nothing")]) == 2
     assert "is not a folder" in capfd.readouterr().err
@@ -234,7 +234,7 @@ def test_json_depth_ignores_brackets_inside_strings():
 
 def test_report_write_failure_is_one_line_even_as_root(tmp_path, capfd, monkeypatch):
     """The read-only case without relying on file modes (root ignores them)."""
-    import dpbench.report as report
+    import dpbench.analysis.report as report
 
     def refuse(path, data):
         raise PermissionError(13, "Permission denied", str(path))
@@ -255,7 +255,7 @@ def test_a_planted_lock_link_never_truncates_its_target(tmp_path, monkeypatch, c
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / ".dpbench.lock").symlink_to(victim)
-    code = run_cli(_hydra_entry, [*BASE, f"hydra.run.dir={run_dir}"], monkeypatch)
+    code = run_cli(hydra_main, [*BASE, f"hydra.run.dir={run_dir}"], monkeypatch)
     assert code == 2 and "is a symbolic link, not a dpbench lock" in capfd.readouterr().err
     assert victim.read_text() == "years of work"
 

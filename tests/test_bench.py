@@ -82,6 +82,17 @@ def test_bench_method_rows_time_two_point_methods_against_dp_adamw():
     assert all(math.isfinite(v) and v > 0 for v in r.values())
 
 
+def test_bench_method_rows_time_bandmf_against_dp_sgd():
+    """BandMF's correlated noise (its noise shaper) against plain DP-SGD's step, on the
+    MNIST CPU preset's model (the BandMF ratio a separate timing script used to take)."""
+    from dpbench.bench import METHOD_MODELS, bench_methods
+
+    assert METHOD_MODELS["bandmf_cpu"][-1] == ("dpsgd", "bandmf")
+    r = bench_methods("bandmf_cpu", ["bk"], 4, torch.device("cpu"), reps=1, warmup=1)
+    assert set(r) == {"nonprivate", "dpsgd bk", "bandmf bk"}
+    assert all(math.isfinite(v) and v > 0 for v in r.values())
+
+
 def test_bench_method_table_and_vit_rows(capsys):
     threads = torch.get_num_threads()
     try:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from dpbench.analysis.report import build_report
 from dpbench.cli import main
-from dpbench.report import build_report
 from tests.results_contract import contract_problems
 
 QUIET = ["logger=none", "trainer.progress=false", "trainer.device=cpu"]
@@ -128,7 +128,7 @@ def test_help_lists_groups(monkeypatch, capsys):
 
 
 def test_report_help(capsys):
-    from dpbench.report import main as report_main
+    from dpbench.analysis.report import main as report_main
 
     with pytest.raises(SystemExit) as exit_:
         report_main(["--help"])

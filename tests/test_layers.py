@@ -1,8 +1,29 @@
-"""Imports run downward: no module of dpbench imports from a layer above its own.
+"""Imports run downward: no module of dpbench imports from a tier above its own.
 
-The layer map is documented in docs/architecture.md; a new subpackage or top-level module
-must be added to ``LAYERS`` (the test fails until it is), so its place is a decision.
-Imports inside functions count as much as those at the top of a module.
+The tiers, bottom to top (docs/architecture.md lists the same):
+
+0. foundations: ``errors``, ``utils``, ``privacy``, ``registry``. Exceptions, small helpers,
+   the accountant and the ledger, name registries; they import nothing of dpbench but each
+   other.
+1. components: ``methods``, ``models``, ``data``, ``tasks``. What a run is made of.
+2. training: ``training`` and ``config``. The loop (the release, the engines, checkpoints)
+   and the typed settings it runs under (``config`` registers every method's settings
+   schema, so it sits above the methods, and the loop reads it).
+3. one run: ``experiment`` (a run assembled from a composed config) and ``logging`` (the
+   loop's sinks, and the record they write).
+4. readers: ``analysis``. What reads results.json files: the one reader, tables, statistics,
+   plots, claims, steps-to-target and ``dpbench-report`` (``analysis.report``). They never
+   train, and they import no runner.
+5. runners and the command line: ``cli``, ``__main__``, ``tune``, ``audit``, ``bench``,
+   ``bench_processes``, ``hpo``, and the two modules of ``analysis`` that train or run
+   sweeps (``analysis.reproduce``, ``analysis.overhead``). The console scripts' modules and
+   what they share; they may import each other, and a runner uses the readers to print its
+   tables.
+
+A tier is given per subpackage or top-level module, or per module where a subpackage spans
+two tiers (the most specific name counts). A new subpackage or top-level module must be added
+to ``TIERS`` (the test fails until it is), so its place is a decision. Imports inside
+functions count as much as those at the top of a module.
 """
 
 from __future__ import annotations
@@ -15,27 +36,37 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "dpbench"
 
-#: layer of each subpackage / top-level module of dpbench (higher may import lower or equal)
-LAYERS: dict[str, int] = {
-    # 0: foundations, importing nothing of dpbench but each other
-    "errors": 0, "utils": 0, "privacy": 0, "registry": 0,
-    # 1: the building blocks a run is made of
-    "methods": 1, "models": 1, "data": 1, "tasks": 1,
-    # 2: the loop, and the typed settings it runs under
-    "training": 2, "config": 2,
-    # 3: one run assembled from a config, and the sinks that record it
-    "experiment": 3, "logging": 3,
-    # 4: entry points and what reads their results
-    "cli": 4, "__main__": 4, "report": 4, "analysis": 4, "audit": 4, "bench": 4,
-    "bench_processes": 4,
-    "tune": 4,
+FOUNDATIONS, COMPONENTS, TRAINING, ONE_RUN, READERS, RUNNERS = range(6)
+
+#: tier of each subpackage / top-level module of dpbench, or of one module of a subpackage
+#: (a module may import from its own tier or any tier below)
+TIERS: dict[str, int] = {
+    "errors": FOUNDATIONS, "utils": FOUNDATIONS, "privacy": FOUNDATIONS,
+    "registry": FOUNDATIONS,
+    "methods": COMPONENTS, "models": COMPONENTS, "data": COMPONENTS, "tasks": COMPONENTS,
+    "training": TRAINING, "config": TRAINING,
+    "experiment": ONE_RUN, "logging": ONE_RUN,
+    "analysis": READERS,
+    "cli": RUNNERS, "__main__": RUNNERS, "tune": RUNNERS, "audit": RUNNERS, "bench": RUNNERS,
+    "bench_processes": RUNNERS,
+    "analysis.reproduce": RUNNERS, "analysis.overhead": RUNNERS,
 }
 
 
 def _unit(module: str) -> str:
-    """Return the layer unit of a dotted module name: its subpackage or top-level module."""
+    """Return the unit of a dotted module name: its subpackage or top-level module."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _tier(module: str) -> int | None:
+    """Return the tier of a dotted dpbench module: that of the most specific name in TIERS
+    (``analysis.reproduce`` before ``analysis``); None if its unit has none."""
+    parts = module.split(".")[1:]
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in TIERS:
+            return TIERS[".".join(parts[:n])]
+    return None
 
 
 def _module_name(path: Path) -> str:
@@ -62,23 +93,25 @@ def _dpbench_imports(source: str, module: str) -> list[tuple[int, str]]:
 MODULES = sorted(PACKAGE.rglob("*.py"))
 
 
-def test_every_unit_has_a_layer():
+def test_every_unit_has_a_tier():
     units = {_unit(_module_name(p)) for p in MODULES}
-    missing = sorted(units - set(LAYERS) - {"__init__"})
-    assert not missing, f"add {missing} to LAYERS in tests/test_layers.py (docs/architecture.md)"
+    missing = sorted(units - set(TIERS) - {"__init__"})
+    assert not missing, f"add {missing} to TIERS in tests/test_layers.py (docs/architecture.md)"
+    named = {name for name in TIERS if "." in name}  # module-level entries name real modules
+    assert named <= {_module_name(p).split(".", 1)[1] for p in MODULES}
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(REPO)))
 def test_no_upward_import(path):
     module = _module_name(path)
-    source = _unit(module)
-    if source == "__init__":
+    if _unit(module) == "__init__":
         return  # dpbench/__init__.py
-    upward = [f"line {line}: {name} (layer {LAYERS.get(_unit(name))})"
+    tier = _tier(module)
+    upward = [f"line {line}: {name} (tier {_tier(name)})"
               for line, name in _dpbench_imports(path.read_text(), module)
-              if LAYERS.get(_unit(name), -1) > LAYERS.get(source, -1)]
-    assert not upward, (f"{path.relative_to(REPO)} (layer {LAYERS.get(source)}, {source}) "
-                        f"imports upward: {upward}")
+              if (_tier(name) if _tier(name) is not None else -1) > (
+                  tier if tier is not None else -1)]
+    assert not upward, (f"{path.relative_to(REPO)} (tier {tier}) imports upward: {upward}")
 
 
 def test_the_check_sees_an_upward_import():
@@ -86,7 +119,14 @@ def test_the_check_sees_an_upward_import():
     source = "def f():\n    from dpbench.training.loop import Trainer\nfrom ..cli import main\n"
     names = [name for _, name in _dpbench_imports(source, "dpbench.methods.probe")]
     assert sorted(names) == ["dpbench.cli", "dpbench.training.loop"]
-    assert all(LAYERS[_unit(n)] > LAYERS["methods"] for n in names)
+    assert all(_tier(n) > TIERS["methods"] for n in names)
+
+
+def test_readers_sit_below_the_runners():
+    """A reader importing a runner (the command line, a trainer) fails the check above."""
+    assert _tier("dpbench.analysis.report") == _tier("dpbench.analysis.claims") == READERS
+    assert _tier("dpbench.analysis.reproduce") == _tier("dpbench.cli") == RUNNERS
+    assert _tier("dpbench.logging.records") < READERS
 
 
 def test_scripts_never_import_tests():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dpbench.report import build_report, latex_text, markdown_text
+from dpbench.analysis.report import build_report, latex_text, markdown_text
 
 
 def _record(method="dpsgd", eps=1.0, seed=0, acc=0.9, **extra):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dpbench.report import environment_table, main
+from dpbench.analysis.report import environment_table, main
 
 ENV = {"python": "3.11.7", "torch": "2.14.1", "opacus": "1.6.0", "dp_accounting": "0.6.0",
        "numpy": "2.4.6", "device": "cpu", "device_name": "Some CPU", "torch_threads": 2,

@@ -62,3 +62,13 @@ def test_every_command_the_docs_name_is_installed():
                                                  sorted((REPO / "docs").glob("*.md")))]
     named = {m for text in texts for m in re.findall(r"\bdpbench-[a-z]+\b", text)}
     assert named and named <= scripts, sorted(named - scripts)
+
+
+def test_the_docs_index_lists_every_page_once():
+    """docs/index.md names each page of docs/ once (a new page needs its line there), and the
+    README links the index."""
+    index = (REPO / "docs" / "index.md").read_text()
+    linked = re.findall(r"\]\(([\w-]+\.md)\)", index)
+    pages = sorted(p.name for p in (REPO / "docs").glob("*.md") if p.name != "index.md")
+    assert sorted(linked) == pages
+    assert "(docs/index.md)" in (REPO / "README.md").read_text()

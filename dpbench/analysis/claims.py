@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from dpbench.analysis.results import iter_records
 from dpbench.analysis.stats import (
     ALPHA,
     benjamini_hochberg,
@@ -94,19 +93,6 @@ def _matches(record: dict[str, Any], where: dict[str, Any]) -> bool:
         elif value != wanted:
             return False
     return True
-
-
-def load_completed(root: str | Path) -> list[dict[str, Any]]:
-    """Return every completed record under ``root`` (unreadable and failed ones skipped), each
-    with ``_path`` (its file) and ``_sweep`` (the first folder under ``root``)."""
-    root = Path(root)
-    out = []
-    for path, record in iter_records(root):
-        if isinstance(record, dict) and record.get("status") == "completed":
-            parts = path.relative_to(root).parts
-            out.append({**record, "_path": str(path),
-                        "_sweep": parts[0] if len(parts) > 1 else ""})
-    return out
 
 
 def select(records: Iterable[dict[str, Any]], method: str | None, where: dict[str, Any],

@@ -1,8 +1,9 @@
 """Per-step overhead of a method's post-processing, measured inside one run (interleaved).
 
 Every step of the same run is timed twice: the whole step (between consecutive ``on_step_end``
-events) and the method's own post-processing (``denoise_seconds`` in its step metrics), so
-both see the same machine load. Steps followed by an evaluation are left out.
+events, read with ``dpbench-bench``'s ``stopwatch``) and the method's own post-processing
+(``denoise_seconds`` in its step metrics), so both see the same machine load. Steps followed
+by an evaluation are left out.
 
     python -m dpbench.analysis.overhead experiment=spectral_sst2 privacy=eps8
 """
@@ -11,10 +12,10 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
+from dpbench.bench import stopwatch
 from dpbench.training.loop import Callback
 
 TIMED_KEY = "denoise_seconds"
@@ -30,10 +31,10 @@ class StepTimer(Callback):
         self._eval_between = False
 
     def on_run_start(self, trainer: Any) -> None:
-        self._last = time.perf_counter()
+        self._last = stopwatch(trainer.device)
 
     def on_step_end(self, trainer: Any, metrics: dict[str, float]) -> None:
-        now = time.perf_counter()
+        now = stopwatch(trainer.device)
         if self._last is not None and not self._eval_between and self.key in metrics:
             self.samples.append((now - self._last, float(metrics[self.key])))
         every = trainer.settings.eval_every_steps

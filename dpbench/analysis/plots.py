@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from dpbench.analysis.stats import t_interval
+from dpbench.logging.records import COMPLETED
 
 
 def _pyplot():
@@ -26,7 +27,7 @@ def utility_curves(frame: pd.DataFrame, metric: str) -> dict[str, list | float]:
     the mean epsilon those runs spent, one point per multiplier, so a sigma grid is a curve
     too and never mistaken for a non-private level.
     """
-    ok = frame[(frame["status"] == "completed")]
+    ok = frame[(frame["status"] == COMPLETED)]
     ok = ok[ok[metric].notna()] if metric in ok else ok.iloc[0:0]
     curves: dict[str, list | float] = {}
     for label, group in ok.groupby("label"):
@@ -74,7 +75,7 @@ def privacy_utility(frame: pd.DataFrame, metric: str, path: Path) -> None:
 def pareto(frame: pd.DataFrame, x: str, y: str, path: Path, title: str = "") -> None:
     """Write a scatter of ``y`` against ``x``, one colour per method, one point per run."""
     plt = _pyplot()
-    ok = frame[frame["status"] == "completed"]
+    ok = frame[frame["status"] == COMPLETED]
     fig, ax = plt.subplots(figsize=(4.5, 3.5))
     for label, group in ok.groupby("label"):
         if x in group and y in group:

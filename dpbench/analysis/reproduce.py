@@ -27,8 +27,8 @@ from typing import Any
 
 import yaml
 
-from dpbench.analysis.claims import adjust, claims_markdown, evaluate_claim, load_completed
-from dpbench.analysis.results import load_frame
+from dpbench.analysis.claims import adjust, claims_markdown, evaluate_claim
+from dpbench.analysis.results import load_frame, load_records
 from dpbench.analysis.tables import cell_table, markdown_table
 from dpbench.tune.choices import CHOICES_NAME
 
@@ -165,7 +165,7 @@ def paper_plots(spec: dict[str, Any], out: Path) -> None:
 
 def paper_claims(paper: str, spec: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     """Return the evaluated claims of ``paper`` over every completed run under ``out``."""
-    records = load_completed(out) if out.exists() else []
+    records = load_records(out) if out.exists() else []
     rows = []
     for claim in spec.get("claims", []):
         rows.append({**evaluate_claim(claim, records), "paper": spec["short"],

@@ -1,19 +1,29 @@
-"""One loader of ``results.json`` records for every table, report and claim.
+"""The one reader of ``results.json`` records, for every report, table, claim and curve.
 
-Records are read as JSON (never unpickled); a file that is not a JSON object with the fields
-a table needs becomes an ``unreadable`` row with the reason, and the rest are still loaded.
+``load_records(root, status=...)`` returns the records under a folder (by default the
+completed ones); ``load_frame(root)`` is the same records as one row each, the unreadable
+ones included. Records are read as bounded JSON (never unpickled) and checked: a file that is
+not a JSON object with the fields a table needs is left out, or, where asked for, becomes an
+``unreadable`` record with the reason, and the rest are still loaded. A record written before
+its un-noised diagnostics were renamed (``private_diagnostics``) reads with the new key.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from dpbench.logging.records import RESULTS_NAME
+from dpbench.logging.records import (
+    COMPLETED,
+    DIAGNOSTICS_KEYS,
+    OLD_DIAGNOSTICS_KEY,
+    RESULTS_NAME,
+    UNPRIVATISED_DIAGNOSTICS,
+)
 from dpbench.utils.safe_json import UnsafeFile, read_json
 
 #: record fields kept as columns (everything else stays in the record)
@@ -21,6 +31,10 @@ _SCALARS = ("method", "method_name", "dataset", "model", "privacy", "seed", "run
             "target_epsilon", "epsilon", "delta", "noise_multiplier", "sample_rate", "steps",
             "accountant", "status", "error", "wall_time_s", "private", "grad_sample_mode",
             "tuning_mode", "tuned_lr", "total_epsilon", "evaluation_split")
+
+
+#: the status of a file the reader could not use (it is no status a run writes)
+UNREADABLE = "unreadable"
 
 
 class Unreadable(ValueError):
@@ -67,6 +81,35 @@ def iter_records(root: str | Path) -> Iterator[tuple[Path, dict[str, Any] | str]
         yield path, record
 
 
+def load_records(root: str | Path, status: str | Collection[str] | None = COMPLETED, *,
+                 unreadable: bool = False) -> list[dict[str, Any]]:
+    """Return the records under ``root``, by path, whose ``status`` is ``status`` (one status,
+    a collection of them, or None for any), each with ``_path`` (its file) and ``_sweep`` (the
+    first folder under ``root``; empty for a file directly in it).
+
+    A file that cannot be used is left out; with ``unreadable`` it is returned as a record
+    with status ``unreadable`` and the reason as ``error``. A record that has its un-noised
+    diagnostics under the old key gets them under ``UNPRIVATISED_DIAGNOSTICS``.
+    """
+    root = Path(root)
+    wanted = {status} if isinstance(status, str) else (None if status is None else set(status))
+    out = []
+    for path, record in iter_records(root):
+        parts = path.relative_to(root).parts
+        where = {"_path": str(path), "_sweep": parts[0] if len(parts) > 1 else ""}
+        if isinstance(record, str):
+            if unreadable:
+                out.append({"status": UNREADABLE, "error": record, **where})
+            continue
+        if wanted is not None and record["status"] not in wanted:
+            continue
+        record = dict(record)
+        if UNPRIVATISED_DIAGNOSTICS not in record and OLD_DIAGNOSTICS_KEY in record:
+            record[UNPRIVATISED_DIAGNOSTICS] = record.pop(OLD_DIAGNOSTICS_KEY)
+        out.append({**record, **where})
+    return out
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -82,10 +125,10 @@ def _text(value: Any) -> str | None:
 def record_row(record: dict[str, Any]) -> dict[str, Any]:
     """Return the flat row of one record: its scalar fields plus numeric headline metrics.
 
-    Nested fields (config, history, ledger, ``private_diagnostics``, ...) stay out: the
-    un-privatised training diagnostics are never tabulated by default.
+    Nested fields (config, history, ledger, ``unprivatised_diagnostics``, ...) stay out: the
+    un-privatised training diagnostics are never tabulated, under either of their keys.
     """
-    row: dict[str, Any] = {k: v for k, v in record.items() if k != "private_diagnostics"
+    row: dict[str, Any] = {k: v for k, v in record.items() if k not in DIAGNOSTICS_KEYS
                            and (v is None or isinstance(v, (str, int, float, bool)))}
     metrics = record.get("metrics")
     if isinstance(metrics, dict):
@@ -121,10 +164,9 @@ def load_frame(root: str | Path) -> pd.DataFrame:
     marked ``(non-private)``) and ``tuning`` (``default`` when the run was not tuned).
     """
     rows = []
-    for path, record in iter_records(root):
-        if isinstance(record, str):
-            rows.append({"status": "unreadable", "error": record, "run_dir": str(path.parent)})
-            continue
+    for record in load_records(root, status=None, unreadable=True):
+        path = Path(record.pop("_path"))
+        record.pop("_sweep")
         rows.append({**record_row(record), "run_dir": str(path.parent)})
     frame = pd.DataFrame(rows)
     if frame.empty:
@@ -132,7 +174,7 @@ def load_frame(root: str | Path) -> pd.DataFrame:
     for col in _SCALARS:
         if col not in frame:
             frame[col] = None
-    frame["status"] = frame["status"].fillna("unreadable")
+    frame["status"] = frame["status"].fillna(UNREADABLE)
     name = frame["method_name"].fillna(frame["method"]).fillna("?")
     nonpriv = (frame["method"] == "nonprivate") & (name != "nonprivate")
     frame["label"] = name.where(~nonpriv, name + " (non-private)")

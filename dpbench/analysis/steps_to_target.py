@@ -8,13 +8,13 @@ the method's steps-to-target (both read from the runs' ``step_history``).
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
+
+from dpbench.analysis.results import load_records
 
 
 def steps_to_target(step_history: Sequence[dict[str, Any]], target: float,
@@ -68,16 +68,6 @@ def saving(baseline: dict[str, Any], method: dict[str, Any],
     except ValueError:
         return None
     return (row["speedup_pct"] / 100.0 if row["reached"] else 0.0), bool(row["reached"])
-
-
-def load_records(root: str | Path) -> list[dict[str, Any]]:
-    """Return every finished results.json under ``root``."""
-    records = []
-    for path in sorted(Path(root).rglob("results.json")):
-        record = json.loads(path.read_text())
-        if record.get("status") == "finished" or record.get("step_history"):
-            records.append(record)
-    return records
 
 
 def _key(record: dict[str, Any]) -> tuple[Any, Any]:

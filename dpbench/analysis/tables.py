@@ -22,6 +22,7 @@ from dpbench.analysis.stats import (
     t_interval,
     verdict,
 )
+from dpbench.logging.records import COMPLETED, FAILED, RUNNING
 
 ROW_KEYS = ["label", "dataset", "model", "tuning"]
 
@@ -48,7 +49,7 @@ def _completed(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     if frame.empty or metric not in frame:
         ok = pd.DataFrame(columns=[*ROW_KEYS, "seed", "target_epsilon", metric])
     else:
-        ok = frame[(frame["status"] == "completed") & frame[metric].notna()].copy()
+        ok = frame[(frame["status"] == COMPLETED) & frame[metric].notna()].copy()
     ok["eps"] = ok.apply(row_eps_label, axis=1) if len(ok) else pd.Series(dtype=object)
     return ok
 
@@ -70,7 +71,7 @@ def cell_intervals(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
         rows.append({**dict(zip([*ROW_KEYS, "eps"], key)), "interval": interval,
                      "n": interval.n, "seeds": _by_seed(group, metric)})
     out = pd.DataFrame(rows)
-    for status, column in (("failed", "failed"), ("running", "incomplete")):
+    for status, column in ((FAILED, "failed"), (RUNNING, "incomplete")):
         out[column] = 0
         for _, row in frame[frame["status"] == status].iterrows() if not frame.empty else ():
             key = (row.get("label"), row.get("dataset"), row.get("model"), row.get("tuning"),

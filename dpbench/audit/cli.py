@@ -19,10 +19,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from dpbench.audit.canaries import AuditSettings, CanaryRun
-from dpbench.cli import CONF_DIR, _remove_if_fresh
 from dpbench.errors import ConfigError, DPBenchError
-from dpbench.logging.records import write_record
+from dpbench.logging.records import COMPLETED, write_record
 from dpbench.logging.results import run_record
+from dpbench.utils.conf import CONF_DIR
+from dpbench.utils.io import remove_if_fresh
 from dpbench.utils.paths import check_path_values, check_run_dir
 
 HEADER = ("| method | dataset | epsilon_claimed | epsilon_lower | power | correct / guesses "
@@ -45,7 +46,7 @@ def run_audit(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     canary_run = CanaryRun(settings)
     build_trainer(cfg, None, make_trainer=canary_run)
     summary = canary_run.run()
-    record = {**run_record(cfg, summary, "completed"), "kind": "audit"}
+    record = {**run_record(cfg, summary, COMPLETED), "kind": "audit"}
     if run_dir is not None:
         write_record(run_dir, record)
     return record
@@ -89,7 +90,7 @@ def check_audit_folder(run_dir: Path) -> None:
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="audit")
-def _hydra_entry(cfg: DictConfig) -> None:
+def hydra_main(cfg: DictConfig) -> None:
     from dpbench.utils.lock import RunDirLock
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -106,7 +107,7 @@ def _hydra_entry(cfg: DictConfig) -> None:
         lines = [line.strip() for line in message.splitlines() if line.strip()]
         print(f"dpbench-audit: error: {' / '.join(lines)}", file=sys.stderr)
         lock.release()
-        _remove_if_fresh(run_dir, existed)
+        remove_if_fresh(run_dir, existed)
         sys.exit(2)
     finally:
         lock.release()
@@ -124,7 +125,7 @@ def _hydra_entry(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console script ``dpbench-audit`` (and ``python -m dpbench.audit``)."""
-    _hydra_entry()
+    hydra_main()
 
 
 if __name__ == "__main__":

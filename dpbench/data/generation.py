@@ -17,7 +17,7 @@ from torch.utils.data import TensorDataset
 
 from dpbench.data import register_dataset
 from dpbench.data.base import TaskData, resolve_data_root, subset_indices
-from dpbench.data.text import GLUE, _read_tsv
+from dpbench.data.text import GLUE, read_tsv
 from dpbench.errors import ConfigError, DataError
 from dpbench.utils.pretrained import TINY_RANDOM_LM, load_tokenizer
 
@@ -121,6 +121,6 @@ def build_sst2_gen(root=None, **settings) -> TaskData:
     words = ("negative", "positive")
     pairs = []
     for file in ("train.tsv", "dev.tsv"):
-        texts, labels = _read_tsv(folder / file, GLUE["sst2"])
+        texts, labels = read_tsv(folder / file, GLUE["sst2"])
         pairs.append([(t[0], [words[y]]) for t, y in zip(texts, labels)])
     return build_generation("sst2_gen", pairs[0], pairs[1], **settings)

@@ -48,7 +48,7 @@ GLUE = {
 }
 
 
-def _read_tsv(path: Path, spec: GlueSpec) -> tuple[list[tuple[str, ...]], list[int]]:
+def read_tsv(path: Path, spec: GlueSpec) -> tuple[list[tuple[str, ...]], list[int]]:
     try:
         with open(path, newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
@@ -96,8 +96,8 @@ def build_glue(task: str, root=None, tokenizer: str = OFFLINE_DEFAULT, max_lengt
     folder = base / spec.folder if base is not None else None
     notes = []
     if folder is not None and (folder / "train.tsv").is_file():
-        train = _read_tsv(folder / "train.tsv", spec)
-        test = _read_tsv(folder / spec.dev_file, spec)
+        train = read_tsv(folder / "train.tsv", spec)
+        test = read_tsv(folder / spec.dev_file, spec)
         log.info("GLUE %s TSV from %s; evaluated on %s", spec.folder, folder, spec.dev_file)
     else:
         train, test = _load_hf(spec, "train"), _load_hf(spec, spec.hf_dev)

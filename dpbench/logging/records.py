@@ -21,6 +21,24 @@ from dpbench.utils.io import atomic_write_json
 
 RESULTS_NAME = "results.json"
 
+#: a record's ``status``: written after every epoch, at the end, or when the run failed
+RUNNING, COMPLETED, FAILED = "running", "completed", "failed"
+
+#: the key of a record's un-noised training diagnostics (not covered by epsilon), and the
+#: name records written before the rename used; readers take either (``unprivatised``)
+UNPRIVATISED_DIAGNOSTICS = "unprivatised_diagnostics"
+OLD_DIAGNOSTICS_KEY = "private_diagnostics"
+DIAGNOSTICS_KEYS = (UNPRIVATISED_DIAGNOSTICS, OLD_DIAGNOSTICS_KEY)
+
+
+def unprivatised(record: dict[str, Any]) -> dict[str, Any] | None:
+    """Return the record's un-noised training diagnostics under the new key or, for a record
+    written before the rename, the old one; None when it has neither."""
+    for key in DIAGNOSTICS_KEYS:
+        if isinstance(record.get(key), dict):
+            return record[key]
+    return None
+
 
 #: the libraries whose versions change a run's numbers, by distribution name
 VERSIONED = {"torch": "torch", "opacus": "opacus", "dp_accounting": "dp-accounting",
@@ -136,7 +154,7 @@ def failed_record(cfg: DictConfig, error: BaseException, stage: str) -> dict[str
     """Return a record for a run that failed (the report lists it as failed, not missing)."""
     return {**base_record(cfg), "epsilon": None, "delta": None, "noise_multiplier": None,
             "sample_rate": None, "steps": None, "accountant": None, "metrics": {},
-            "wall_time_s": None, "status": "failed", "error": f"{type(error).__name__}: {error}",
+            "wall_time_s": None, "status": FAILED, "error": f"{type(error).__name__}: {error}",
             "failed_stage": stage}
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from dpbench.logging.records import base_record, write_record
+from dpbench.logging.records import COMPLETED, RUNNING, base_record, write_record
 from dpbench.privacy.selection import search_and_run_epsilon
 from dpbench.training.loop import Callback, Trainer
 
@@ -35,7 +35,7 @@ class ResultsStore(Callback):
 
     def on_epoch_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if trainer.epoch < trainer.settings.epochs:
-            write_record(self.run_dir, run_record(self.cfg, trainer.summary(), "running"))
+            write_record(self.run_dir, run_record(self.cfg, trainer.summary(), RUNNING))
 
     def on_run_end(self, trainer: Trainer, result: dict[str, Any]) -> None:
-        write_record(self.run_dir, run_record(self.cfg, result, "completed"))
+        write_record(self.run_dir, run_record(self.cfg, result, COMPLETED))

@@ -2,7 +2,9 @@
 
 Per step it logs only released quantities and their post-processing (``train/``); the loop's
 un-privatised training diagnostics (loss, gradient norms, realised batch size) are logged
-under ``unprivatised/`` only with ``logger.private_diagnostics=true``.
+under ``unprivatised/`` only when asked: ``unprivatised_diagnostics=True`` (the name of the
+results.json key), or ``logger.private_diagnostics=true``, the older name the logger configs
+still use.
 
 Offline by default (``WANDB_MODE=offline`` needs no account or network); files go under the
 run directory. The loop never imports wandb: this callback subscribes to its events.
@@ -27,9 +29,12 @@ class WandbSink(Callback):
     def __init__(self, mode: str = "offline", project: str = "dpbench", entity: str | None = None,
                  group: str | None = None, run_dir: str | Path | None = None,
                  cfg: DictConfig | None = None, name: str | None = None,
-                 private_diagnostics: bool = False) -> None:
+                 private_diagnostics: bool = False,
+                 unprivatised_diagnostics: bool | None = None) -> None:
         self.mode, self.project, self.entity, self.group = mode, project, entity, group
-        self.private_diagnostics = private_diagnostics
+        # the new name wins where both are given
+        self.unprivatised_diagnostics = bool(private_diagnostics if unprivatised_diagnostics
+                                             is None else unprivatised_diagnostics)
         self.run_dir = Path(run_dir) if run_dir else None
         self.cfg, self.name = cfg, name
         self.run = None
@@ -54,7 +59,7 @@ class WandbSink(Callback):
         if self.run is not None:
             logged = {f"train/{k}": v for k, v in metrics.items()
                       if isinstance(v, (int, float)) and not math.isnan(v)}
-            if self.private_diagnostics:  # opted in: un-privatised, not covered by epsilon
+            if self.unprivatised_diagnostics:  # opted in: un-privatised, not covered by epsilon
                 logged.update({f"unprivatised/{k}": v
                                for k, v in metrics.get("unprivatised", {}).items()
                                if isinstance(v, (int, float)) and not math.isnan(v)})

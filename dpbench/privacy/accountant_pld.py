@@ -117,20 +117,56 @@ def _loss_span(sigma: float, q: float) -> float:
     return span
 
 
+def _step_pmf(sigma: float, q: float, interval: float, adjacency: Any) -> Any:
+    """Return one step's pessimistic connect-the-dots PMF in one adjacency direction, dense.
+
+    Built from dp-accounting's public pieces the way its ``from_gaussian_mechanism`` builds
+    it: the connect-the-dots bounds of the Gaussian privacy loss, rounded outward onto the
+    grid; the hockey-stick divergence at each grid epsilon; the fixed-gap PMF through them.
+    Dense: a sparse (small) PMF's ``self_compose`` first evaluates size**steps as a Python
+    integer, seconds for a million steps; the dense FFT path is sized by Chernoff bounds.
+    """
+    from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    loss = plm.GaussianPrivacyLoss(sigma, sensitivity=1.0, pessimistic_estimate=True,
+                                   sampling_prob=q, adjacency_type=adjacency)
+    bounds = loss.connect_dots_bounds()
+    lower = math.floor(bounds.epsilon_lower / interval)
+    upper = math.ceil(bounds.epsilon_upper / interval)
+    deltas = loss.get_delta_for_epsilon(np.arange(lower, upper + 1) * interval)
+    return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(
+        interval, lower, upper, deltas).to_dense_pmf()
+
+
 @functools.lru_cache(maxsize=32)
+def base_pmfs(sigma: float, q: float, interval: float) -> tuple[Any, Any]:
+    """Return one step's dense PMFs (remove, add; at q = 1 they are one and the same), as
+    dp-accounting's pessimistic connect-the-dots PLD of the step has them (memoised)."""
+    from dp_accounting.pld.privacy_loss_mechanism import AdjacencyType
+
+    remove = _step_pmf(sigma, q, interval, AdjacencyType.REMOVE)
+    if q >= 1.0:
+        return remove, remove
+    return remove, _step_pmf(sigma, q, interval, AdjacencyType.ADD)
+
+
 def base_pld(sigma: float, q: float, interval: float) -> Any:
-    """Return dp-accounting's pessimistic connect-the-dots PLD of one step (memoised)."""
+    """Return dp-accounting's pessimistic connect-the-dots PLD of one step."""
     from dp_accounting.pld import privacy_loss_distribution as pld
 
-    base = pld.from_gaussian_mechanism(
-        standard_deviation=sigma, sensitivity=1.0, pessimistic_estimate=True,
-        value_discretization_interval=interval, sampling_prob=q, use_connect_dots=True)
-    # dense PMFs: a sparse (small) PMF's self_compose first evaluates size**steps as a Python
-    # integer, seconds for a million steps; the dense FFT path is sized by Chernoff bounds
-    remove, add = base._pmf_remove, base._pmf_add  # dp-accounting has no public accessor
-    if q >= 1.0:
-        return pld.PrivacyLossDistribution(remove.to_dense_pmf())
-    return pld.PrivacyLossDistribution(remove.to_dense_pmf(), add.to_dense_pmf())
+    remove, add = base_pmfs(sigma, q, interval)
+    return pld.PrivacyLossDistribution(remove) if q >= 1.0 else (
+        pld.PrivacyLossDistribution(remove, add))
+
+
+def dense_probabilities(pmf: Any) -> np.ndarray:
+    """Return the probabilities on a dense PMF's grid.
+
+    dp-accounting (0.6) has no public accessor for them; this is the one place dpbench reads
+    a private attribute of it (``DensePLDPmf._probs``).
+    """
+    return pmf._probs
 
 
 @functools.lru_cache(maxsize=64)
@@ -140,10 +176,9 @@ def _log_mgfs(sigma: float, q: float, interval: float) -> tuple[tuple[int, Any, 
     support (``common.compute_self_convolve_bounds``), computed once per base PLD."""
     from scipy import special
 
-    base = base_pld(sigma, q, interval)
     out = []
-    for pmf in (base._pmf_remove, base._pmf_add):  # dp-accounting keeps no public accessor
-        probs = pmf.to_dense_pmf()._probs
+    for pmf in base_pmfs(sigma, q, interval):
+        probs = dense_probabilities(pmf)
         n = len(probs)
         orders = np.concatenate((np.arange(-20, 0), np.arange(1, 21))) / n  # as dp-accounting
         log_mgfs = np.array([special.logsumexp(np.arange(n) * o, b=probs) for o in orders])
@@ -151,7 +186,7 @@ def _log_mgfs(sigma: float, q: float, interval: float) -> tuple[tuple[int, Any, 
     return tuple(out)
 
 
-def _composed_points(sigma: float, q: float, interval: float, steps: int) -> int:
+def composed_points(sigma: float, q: float, interval: float, steps: int) -> int:
     """Return the grid length ``base_pld(...).self_compose(steps)`` allocates: the untruncated
     length, or the Chernoff bounds dp-accounting truncates to (same formula, cached MGFs)."""
     points = 0
@@ -179,7 +214,7 @@ def plan_interval(groups: tuple[Group, ...], finest: float = math.inf) -> float:
     widest = max(_loss_span(s, q) for s, q, _ in groups)
     interval = max(interval, _ladder_at_least(widest / BASE_POINTS_CAP))
     for _ in range(len(LADDER)):
-        points = sum(_composed_points(s, q, interval, k) for s, q, k in groups)
+        points = sum(composed_points(s, q, interval, k) for s, q, k in groups)
         if points <= COMPOSED_POINTS_CAP or interval >= LADDER[-1]:
             break
         interval = _ladder_at_least(interval * 1.01 * points / COMPOSED_POINTS_CAP)
@@ -217,5 +252,5 @@ def pld_epsilon(groups: tuple[Group, ...], delta: float) -> float:
 
 def cache_counts() -> dict[str, int]:
     """Return how many base PLDs were built and compositions run (for tests and benchmarks)."""
-    return {"base_builds": base_pld.cache_info().misses,
+    return {"base_builds": base_pmfs.cache_info().misses,
             "compositions": pld_epsilon.cache_info().misses}

@@ -76,3 +76,30 @@ def remove_created(created: list[Path]) -> None:
             folder.rmdir()
         except OSError:  # not empty (something else wrote there) or gone: keep the rest
             return
+
+
+#: run dir (absolute) -> the folders this process created for it before its job started (the
+#: command line's Hydra callback records them), so a refused job removes only those
+_CREATED_FOR_RUN: dict[str, list[Path]] = {}
+
+
+def _run_key(run_dir: str | os.PathLike) -> str:
+    return str(Path(os.path.abspath(run_dir)))
+
+
+def record_created(run_dir: str | os.PathLike, created: list[Path]) -> None:
+    """Remember the folders this process created for ``run_dir`` (top first)."""
+    _CREATED_FOR_RUN[_run_key(run_dir)] = created
+
+
+def take_created(run_dir: str | os.PathLike) -> list[Path]:
+    """Return the folders recorded for ``run_dir`` and forget them ([] if none)."""
+    return _CREATED_FOR_RUN.pop(_run_key(run_dir), [])
+
+
+def remove_if_fresh(run_dir: str | os.PathLike, existed_before: bool) -> None:
+    """Forget the folders recorded for ``run_dir`` and, unless it held something before the
+    command started, remove them (for entry points that refuse a run)."""
+    created = take_created(run_dir)
+    if not existed_before:
+        remove_created(created)

@@ -7,7 +7,7 @@ import json
 import pytest
 from hydra import compose, initialize_config_dir
 
-from dpbench.audit.cli import _hydra_entry, audit_settings, run_audit
+from dpbench.audit.cli import audit_settings, hydra_main, run_audit
 from dpbench.cli import CONF_DIR
 from dpbench.errors import ConfigError
 from tests.cli_helpers import QUIET_CLI, run_cli
@@ -55,7 +55,7 @@ def test_audit_honest_twin_of_the_broken_run_stays_below(tmp_path):
 
 def test_audit_cli_writes_results_and_prints_the_row(tmp_path, monkeypatch, capfd):
     run_dir = tmp_path / "audit"
-    code = run_cli(_hydra_entry, [*method_overrides("dpsgd"), *SMALL_AUDIT,
+    code = run_cli(hydra_main, [*method_overrides("dpsgd"), *SMALL_AUDIT,
                                   f"hydra.run.dir={run_dir}"], monkeypatch)
     assert code == 0
     record = json.loads((run_dir / "results.json").read_text())
@@ -66,7 +66,7 @@ def test_audit_cli_writes_results_and_prints_the_row(tmp_path, monkeypatch, capf
 
 def test_audit_cli_rejects_bad_settings_and_leaves_nothing(tmp_path, monkeypatch, capfd):
     run_dir = tmp_path / "audit"
-    code = run_cli(_hydra_entry, [*method_overrides("dpsgd"), "audit.canaries=10",
+    code = run_cli(hydra_main, [*method_overrides("dpsgd"), "audit.canaries=10",
                                   "audit.guesses_included=8", "audit.guesses_excluded=8",
                                   f"hydra.run.dir={run_dir}"], monkeypatch)
     assert code == 2
@@ -75,8 +75,8 @@ def test_audit_cli_rejects_bad_settings_and_leaves_nothing(tmp_path, monkeypatch
 
 
 def test_report_lists_epsilon_lower_next_to_the_claim(tmp_path):
+    from dpbench.analysis.report import build_report
     from dpbench.logging.records import write_record
-    from dpbench.report import build_report
 
     cfg = audit_config(*method_overrides("dpsgd"), *SMALL_AUDIT)
     write_record(tmp_path / "a", run_audit(cfg))
@@ -117,7 +117,7 @@ def test_results_and_row_report_the_audit_power(tmp_path, monkeypatch, capfd):
     from dpbench.audit.bounds import audit_power, reachable_power
 
     run_dir = tmp_path / "audit"
-    assert run_cli(_hydra_entry, [*method_overrides("dpsgd"), *SMALL_AUDIT,
+    assert run_cli(hydra_main, [*method_overrides("dpsgd"), *SMALL_AUDIT,
                                   f"hydra.run.dir={run_dir}"], monkeypatch) == 0
     record = json.loads((run_dir / "results.json").read_text())
     assert record["audit"]["power_if_every_guess_right"] == pytest.approx(

@@ -17,7 +17,7 @@ from dpbench.audit.bounds import (
     reachable_power,
     unsampled_probability,
 )
-from dpbench.audit.cli import _hydra_entry, run_audit
+from dpbench.audit.cli import hydra_main, run_audit
 from tests.audit.test_audit import audit_config
 from tests.cli_helpers import run_cli
 
@@ -101,7 +101,7 @@ def test_stated_power_never_exceeds_every_guess_right_and_drops_bottom_guesses_w
 
 def test_the_record_states_power_and_its_basis(tmp_path, monkeypatch):
     run_dir = tmp_path / "audit"
-    assert run_cli(_hydra_entry, [*DEFAULT_RUN, "trainer.epochs=1", "audit.canaries=200",
+    assert run_cli(hydra_main, [*DEFAULT_RUN, "trainer.epochs=1", "audit.canaries=200",
                                   "audit.guesses_included=20", "audit.guesses_excluded=20",
                                   f"hydra.run.dir={run_dir}"], monkeypatch) == 0
     audit = json.loads((run_dir / "results.json").read_text())["audit"]

@@ -83,14 +83,14 @@ def test_empty_file(tmp_path):
 
 
 def test_cli_refuses_a_bad_csv_before_training(tmp_path, monkeypatch, capfd):
-    from dpbench.cli import _hydra_entry
+    from dpbench.cli import hydra_main
     from tests.cli_helpers import run_cli
 
     frame = _frame().astype({"a": object})
     frame.loc[3, "a"] = "1,5"
     path = _write(tmp_path, frame)
     run_dir = tmp_path / "run"
-    code = run_cli(_hydra_entry, ["dataset=csv_timeseries", f"dataset.path={path}",
+    code = run_cli(hydra_main, ["dataset=csv_timeseries", f"dataset.path={path}",
                                   "dataset.window=12", "model=dit", "model.hidden=8",
                                   "model.depth=1", "method=dp_adaln", "trainer.epochs=1",
                                   "trainer.batch_size=16",

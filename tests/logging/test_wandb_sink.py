@@ -18,8 +18,8 @@ class _Run:
         self.logged.append(values)
 
 
-def _logged(private_diagnostics: bool) -> dict:
-    sink = WandbSink(private_diagnostics=private_diagnostics)
+def _logged(private_diagnostics: bool, **option: bool) -> dict:
+    sink = WandbSink(private_diagnostics=private_diagnostics, **option)
     sink.run = _Run()
     sink.on_step_end(SimpleNamespace(step=3), STEP)
     return sink.run.logged[0]
@@ -34,3 +34,11 @@ def test_private_diagnostics_are_logged_apart_when_asked():
     logged = _logged(True)
     assert logged["unprivatised/loss"] == 0.4 and logged["unprivatised/batch_size"] == 31
     assert not any(k.startswith("train/") and "loss" in k for k in logged)
+
+
+def test_the_option_reads_under_its_new_name_and_the_old_one():
+    """``unprivatised_diagnostics`` (the results.json key's new name) and the older
+    ``private_diagnostics`` both switch the diagnostics on; the new name wins over the old."""
+    assert "unprivatised/loss" in _logged(False, unprivatised_diagnostics=True)
+    assert "unprivatised/loss" not in _logged(True, unprivatised_diagnostics=False)
+    assert "unprivatised/loss" in _logged(True)

@@ -12,7 +12,7 @@ import yaml
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from dpbench.cli import _hydra_entry
+from dpbench.cli import hydra_main
 from dpbench.errors import ConfigError
 from dpbench.experiment import build_method, build_trainer
 from dpbench.methods import get_method, method_names
@@ -115,7 +115,7 @@ def test_python_construction_is_checked_the_same_way():
 
 def test_cli_refuses_out_of_range_setting_in_one_line(monkeypatch, tmp_path, capfd):
     run_dir = tmp_path / "run"
-    code = run_cli(_hydra_entry, ["method=fiber", "method.settings.omega=2",
+    code = run_cli(hydra_main, ["method=fiber", "method.settings.omega=2",
                                   f"hydra.run.dir={run_dir}"], monkeypatch)
     err = capfd.readouterr().err.strip()
     assert code == 2

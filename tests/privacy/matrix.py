@@ -4,8 +4,8 @@
 
 It lives with the tests because it reports on them: it runs the per-method tiny configs of
 tests/method_matrix.py and the neighbouring-batch helpers of tests/training/test_sensitivity.py
-(scripts/reproduce_privacy_audit.sh calls it). Columns: epsilon reported by Opacus vs
-epsilon recomputed by dp-accounting's PLD from the ledger; the largest
+(`make privacy-audit` runs it, then the fault and bad-input tests). Columns: epsilon
+reported by Opacus vs epsilon recomputed by dp-accounting's PLD from the ledger; the largest
 ||sum(D) - sum(D')|| / sensitivity over the neighbouring-batch cases; the one-run audit's
 epsilon_lower vs epsilon_claimed (and the same with noise or clipping switched off, dpsgd).
 """

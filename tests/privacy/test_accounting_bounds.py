@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from dpbench.config.schema import PrivacyConfig, TrainerConfig
@@ -36,7 +37,7 @@ DEMO_Q, DEMO_STEPS = 128 / 1438, 110
 
 
 def _clear_caches() -> None:
-    pld.base_pld.cache_clear()
+    pld.base_pmfs.cache_clear()
     pld.pld_epsilon.cache_clear()
 
 
@@ -123,6 +124,25 @@ def test_pld_calibration_hits_the_target_from_below(eps):
     assert 0.99 * eps <= spent <= eps
 
 
+@pytest.mark.parametrize("sigma,q,interval", [(0.9, DEMO_Q, 1e-3), (1.3, 0.01, 2e-3),
+                                               (4.0, 1.0, 1e-4), (30.0, 0.5, 5e-2)])
+def test_the_step_pmfs_are_dp_accountings_own(sigma, q, interval):
+    """dpbench builds one step's PMFs from dp-accounting's public functions; they equal, to
+    the bit, those of its from_gaussian_mechanism (read here through its private fields,
+    the only way to see them)."""
+    from dp_accounting.pld import privacy_loss_distribution as P
+
+    ref = P.from_gaussian_mechanism(standard_deviation=sigma, sensitivity=1.0,
+                                    pessimistic_estimate=True, sampling_prob=q,
+                                    value_discretization_interval=interval,
+                                    use_connect_dots=True)
+    for theirs, ours in zip((ref._pmf_remove, ref._pmf_add), pld.base_pmfs(sigma, q, interval)):
+        theirs = theirs.to_dense_pmf()
+        assert (theirs._lower_loss, theirs._infinity_mass) == (ours._lower_loss,
+                                                               ours._infinity_mass)
+        assert np.array_equal(theirs._probs, pld.dense_probabilities(ours))
+
+
 # ---- bounded time and memory -----------------------------------------------------------------
 @pytest.mark.parametrize("sigma,q,steps", [(0.01, DEMO_Q, DEMO_STEPS), (0.01, 1.0, 10**6),
                                            (1e3, 0.5, 10**6)])
@@ -130,12 +150,10 @@ def test_extreme_accepted_settings_stay_within_the_grid_caps(sigma, q, steps):
     check_accountable(sigma, q, steps, DELTA, "pld")  # accepted
     groups = pld.canonical_groups([(sigma, q, steps)])
     interval = pld.plan_interval(groups)
-    base = pld.base_pld(sigma, q, interval)
-    for pmf in (base._pmf_remove, base._pmf_add):
+    for pmf in pld.base_pmfs(sigma, q, interval):
         assert pmf.size <= 2 * pld.BASE_POINTS_CAP
-    assert pld._composed_points(sigma, q, interval, steps) <= pld.COMPOSED_POINTS_CAP
-    composed = base.self_compose(steps)
-    assert composed._pmf_remove.size <= pld.COMPOSED_POINTS_CAP
+        assert pmf.self_compose(steps).size <= pld.COMPOSED_POINTS_CAP
+    assert pld.composed_points(sigma, q, interval, steps) <= pld.COMPOSED_POINTS_CAP
     eps = compose_epsilon([(sigma, q, steps)], DELTA)
     assert eps > 0 and not math.isnan(eps)
 

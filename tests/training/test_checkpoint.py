@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpbench.cli import _hydra_entry
+from dpbench.cli import hydra_main
 from dpbench.training.checkpoint import (
     CHECKPOINT_NAME,
     CheckpointError,
@@ -35,7 +35,7 @@ class _Payload:
 
 
 def _resume(run_dir, monkeypatch) -> int:
-    return run_cli(_hydra_entry, [*RUN, "trainer.resume=true", f"hydra.run.dir={run_dir}"],
+    return run_cli(hydra_main, [*RUN, "trainer.resume=true", f"hydra.run.dir={run_dir}"],
                    monkeypatch)
 
 

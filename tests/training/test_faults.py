@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpbench.cli import _hydra_entry
+from dpbench.cli import hydra_main
 from dpbench.errors import TrainingDiverged
 from dpbench.experiment import build_trainer
 from dpbench.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
@@ -130,7 +130,7 @@ NAN_SGD = f"method.optimizer._target_={__name__}.NaNAfterStepSGD"
 
 def test_nan_through_the_cli_exits_1_with_a_failed_record(tmp_path, monkeypatch, capfd):
     run_dir = tmp_path / "run"
-    code = run_cli(_hydra_entry, [*RUN, "trainer.epochs=1", NAN_SGD,
+    code = run_cli(hydra_main, [*RUN, "trainer.epochs=1", NAN_SGD,
                                   f"hydra.run.dir={run_dir}"], monkeypatch)
     assert code == 1
     assert "non-finite released gradient or update" in capfd.readouterr().err
@@ -181,7 +181,7 @@ def test_sigkill_during_writes_never_leaves_truncated_json(tmp_path):
 def test_a_failing_sweep_job_does_not_stop_the_others(tmp_path, monkeypatch):
     """Bad config (batch > N), a crash (no such device) and a NaN loss next to a good job."""
     sweep = tmp_path / "sweep"
-    code = run_cli(_hydra_entry, [
+    code = run_cli(hydra_main, [
         "-m", "model.hidden=16", "trainer.epochs=1", "trainer.batch_size=64,5000",
         f"method.optimizer._target_=torch.optim.SGD,{__name__}.NaNAfterStepSGD",
         "trainer.device=cpu,cuda:99",
@@ -203,7 +203,7 @@ def test_a_failing_sweep_job_does_not_stop_the_others(tmp_path, monkeypatch):
         assert bad["status"] == "failed" and "trainer.batch_size must be <= N" in bad["error"]
         # a missing device is refused first, before the data-dependent batch check
         assert "trainer.device=cuda:99" in records[(5000, opt, "cuda:99")]["error"]
-    from dpbench.report import build_report
+    from dpbench.analysis.report import build_report
 
     _, markdown = build_report(sweep)  # the report lists the failures with their errors
     assert markdown.count("\n- ") == 7 and "TrainingDiverged" in markdown

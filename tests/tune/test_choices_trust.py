@@ -156,7 +156,7 @@ def test_the_dpbench_command_refuses_a_hostile_choice_before_any_work(tmp_path, 
                                                                        capfd, key):
     """The reported attack: an optimiser _target_ in a shared choices file. Exit 2, one line,
     nothing run and no run folder left."""
-    from dpbench.cli import _hydra_entry
+    from dpbench.cli import hydra_main
     from tests.cli_helpers import run_cli
 
     marker = tmp_path / "pwned"
@@ -166,7 +166,7 @@ def test_the_dpbench_command_refuses_a_hostile_choice_before_any_work(tmp_path, 
     path = tmp_path / "choices.json"
     path.write_text(json.dumps({"version": CHOICES_VERSION, "cells": {key: choice}}))
     run_dir = tmp_path / "run"
-    code = run_cli(_hydra_entry, [*CELL, f"tuned={path}", f"hydra.run.dir={run_dir}"],
+    code = run_cli(hydra_main, [*CELL, f"tuned={path}", f"hydra.run.dir={run_dir}"],
                    monkeypatch)
     err = capfd.readouterr().err.strip().splitlines()
     assert code == 2 and not marker.exists() and not run_dir.exists()

@@ -1,5 +1,7 @@
 """``dpbench-report DIR``: gather every results.json under DIR into tables and a plot.
 
+The console script runs ``main`` here (also ``python -m dpbench.analysis.report DIR``).
+
 Prints a method x epsilon table (mean ± 95 % t-interval over seeds, with n; markdown) and,
 with ``--baseline NAME``, the difference of every method to that baseline paired by seed,
 its 95 % interval and a verdict better / worse / tie. Writes, into DIR: ``report.md``,
@@ -18,7 +20,13 @@ from pathlib import Path
 import pandas as pd
 
 from dpbench.analysis.plots import privacy_utility
-from dpbench.analysis.results import RESULTS_NAME, iter_records, load_frame, row_eps_label
+from dpbench.analysis.results import (
+    RESULTS_NAME,
+    UNREADABLE,
+    load_frame,
+    load_records,
+    row_eps_label,
+)
 from dpbench.analysis.stats import t_interval
 from dpbench.analysis.tables import (
     baseline_table,
@@ -28,6 +36,7 @@ from dpbench.analysis.tables import (
     markdown_table,
     markdown_text,
 )
+from dpbench.logging.records import COMPLETED, FAILED
 from dpbench.utils.io import atomic_write_bytes
 
 __all__ = ["build_report", "latex_text", "load_runs", "markdown_text", "main"]
@@ -57,7 +66,7 @@ def split_duplicates(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     Copies of one run (the same cell and seed in two folders) are not independent seeds: the
     first by folder name is kept, the others are listed, so n counts distinct seeds.
     """
-    done = frame[frame["status"] == "completed"]
+    done = frame[frame["status"] == COMPLETED]
     if done.empty:
         return frame, frame.iloc[0:0]
     keys = done.assign(eps=done.apply(row_eps_label, axis=1))[list(_RUN_KEYS)].astype(str)
@@ -86,7 +95,7 @@ def build_report(root: str | Path, metric: str = "accuracy",
         raise SystemExit(f"dpbench-report: no {RESULTS_NAME} under {root}")
     if metric not in frame:
         frame[metric] = None
-    readable = frame[frame["status"] != "unreadable"]
+    readable = frame[frame["status"] != UNREADABLE]
     audits = readable[is_audit(readable)]
     readable, duplicates = split_duplicates(readable[~is_audit(readable)])
     if readable.empty:
@@ -109,7 +118,7 @@ def build_report(root: str | Path, metric: str = "accuracy",
     if not duplicates.empty:
         markdown += ("\n\nDuplicate runs (the same cell and seed as a run above; not counted):\n"
                      + "\n".join(f"- {markdown_text(r.run_dir)}" for r in duplicates.itertuples()))
-    for status, title in (("failed", "Failed runs"), ("unreadable", "Unreadable results")):
+    for status, title in ((FAILED, "Failed runs"), (UNREADABLE, "Unreadable results")):
         listed = frame[frame["status"] == status]
         if not listed.empty:
             markdown += f"\n\n{title}:\n" + "\n".join(
@@ -140,7 +149,7 @@ def environment_table(root: str | Path) -> pd.DataFrame:
     """
     rows = [{key: (record.get("environment") or {}).get(key, "unknown")
              for key in ENVIRONMENT_COLUMNS}
-            for _, record in iter_records(root) if isinstance(record, dict)]
+            for record in load_records(root, status=None)]
     if not rows:
         return pd.DataFrame(columns=[*ENVIRONMENT_COLUMNS, "runs"])
     frame = pd.DataFrame(rows).astype(str)

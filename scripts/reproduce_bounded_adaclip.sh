@@ -1,7 +1,0 @@
-#!/usr/bin/env bash
-# The bounded_adaclip reproduction (conf/reproduce/bounded_adaclip.yaml): its sweeps, tables and claims.
-#   scripts/reproduce_bounded_adaclip.sh [--scale cpu|paper] [--seeds 0,1,2] [--jobs 2] [--data-root DIR] [--out outputs]
-# Same options for every paper: see `python -m dpbench.analysis.reproduce --help`.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-exec "${PY:-python}" -m dpbench.analysis.reproduce bounded_adaclip "$@"

@@ -1,7 +1,0 @@
-#!/usr/bin/env bash
-# The spectral reproduction (conf/reproduce/spectral.yaml): its sweeps, tables and claims.
-#   scripts/reproduce_spectral_denoise.sh [--scale cpu|paper] [--seeds 0,1,2] [--jobs 2] [--data-root DIR] [--out outputs]
-# Same options for every paper: see `python -m dpbench.analysis.reproduce --help`.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-exec "${PY:-python}" -m dpbench.analysis.reproduce spectral "$@"
