@@ -28,8 +28,8 @@ import torch
 
 from dpbench.errors import ConfigError
 from dpbench.methods import register_method
-from dpbench.methods.base import DPMethod, ExtraQuery, RunInfo, StepContext
-from dpbench.methods.clipping import flat_clip_factors
+from dpbench.methods.base import DPMethod, ExtraQuery, RunInfo, StepContext, Update
+from dpbench.methods.dpsgd import FlatClipping
 from dpbench.methods.settings import require
 
 COUNT_QUERY = "unclipped_count"
@@ -70,17 +70,13 @@ class AdaClipSettings:
             require(value is None or value > 0, key, "> 0 or null", value)
 
 
-@register_method("adaclip")
-class AdaClip(DPMethod):
-    """Unbounded adaptive clipping: C_LB = 0, so C_t may shrink towards 0."""
+class AdaptiveClipping(FlatClipping):
+    """Clipping at the current threshold C_t, the centred count query and the split sigma.
 
-    settings_cls = AdaClipSettings
+    ``threshold`` (C_t) is the mechanism's moving parameter: C_0 at set-up, then whatever the
+    update derives from the noisy count; every C_t > 0 gives the declared sensitivity.
+    """
 
-    def clip_floor(self) -> float:
-        """Return C_LB (0: unbounded)."""
-        return 0.0
-
-    # ---- set-up --------------------------------------------------------------------------
     def _sigma_b(self, expected_batch_size: float) -> float:
         value = self.settings["sigma_b"]
         return float(value) if value is not None else expected_batch_size / 10.0
@@ -92,21 +88,12 @@ class AdaClip(DPMethod):
     def setup(self, params, info: RunInfo) -> None:
         super().setup(params, info)
         initial = self.settings["initial_clip"]
-        self.threshold = max(float(initial if initial is not None else info.clip_norm),
-                             self.clip_floor())
+        self.threshold = float(initial if initial is not None else info.clip_norm)
         self.sigma_b = self._sigma_b(info.expected_batch_size)
-        self.unclipped_fraction = math.nan
-        self.trajectory: list[float] = []  # C_t of every step
-        self.fractions: list[float] = []  # noisy b_t of every step
 
-    # ---- stages 5 and 6 ------------------------------------------------------------------
-    def clip_factors(self, norms: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """Return min(1, C_t/||u_i||) (divided by C_t when normalised)."""
-        return flat_clip_factors(norms, self.threshold, bool(self.settings["normalize"]))
-
-    def sensitivity(self, ctx: StepContext) -> float:
-        """Return 1 (normalised) or C_t."""
-        return 1.0 if self.settings["normalize"] else self.threshold
+    def clip_threshold(self, ctx: StepContext) -> float:
+        """Return C_t (clipping at min(1, C_t/||u_i||), divided by C_t when normalised)."""
+        return self.threshold
 
     def gradient_noise_multiplier(self, sigma: float) -> float:
         """Return sigma_delta = (sigma^-2 - (2 sigma_b)^-2)^(-1/2)."""
@@ -118,27 +105,55 @@ class AdaClip(DPMethod):
         centred = (norms <= bound).to(torch.float32) - 0.5
         return [ExtraQuery(COUNT_QUERY, centred, sensitivity=0.5, noise_std=self.sigma_b)]
 
+    def summary(self) -> dict[str, Any]:
+        return {"sigma_b": self.sigma_b}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"threshold": self.threshold}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.threshold = float(state.get("threshold", self.threshold))
+
+
+class ThresholdTracking(Update):
+    """The geometric threshold update from the noisy count (post-processing), then the YAML's
+    optimiser; C_LB = ``clip_floor()`` (0: unbounded)."""
+
+    mechanism: AdaptiveClipping
+
+    def clip_floor(self) -> float:
+        """Return C_LB (0: unbounded)."""
+        return 0.0
+
+    def setup(self, params, info: RunInfo) -> None:
+        super().setup(params, info)
+        self.mechanism.threshold = max(self.mechanism.threshold, self.clip_floor())
+        self.unclipped_fraction = math.nan
+        self.trajectory: list[float] = []  # C_t of every step
+        self.fractions: list[float] = []  # noisy b_t of every step
+
     # ---- stage 9: post-processing of the noisy count --------------------------------------
     def after_step(self, released: dict[str, torch.Tensor], ctx: StepContext) -> None:
         """Set b_t = s / B + 1/2 and C_{t+1} = max(C_LB, C_t exp(-eta_C (b_t - gamma)))."""
         if COUNT_QUERY not in released:  # non-private run: no clipping, nothing to track
             return
+        threshold = self.mechanism.threshold
         self.unclipped_fraction = float(released[COUNT_QUERY]) / ctx.expected_batch_size + 0.5
-        self.trajectory.append(self.threshold)
+        self.trajectory.append(threshold)
         self.fractions.append(self.unclipped_fraction)
-        self.threshold = geometric_update(
-            self.threshold, self.unclipped_fraction, self.settings["target_quantile"],
+        self.mechanism.threshold = geometric_update(
+            threshold, self.unclipped_fraction, self.settings["target_quantile"],
             self.settings["clip_lr"], self.clip_floor())
 
     # ---- diagnostics and state -----------------------------------------------------------
     def step_metrics(self) -> dict[str, float]:
         """Return C_t (the threshold the step used) and the noisy unclipped fraction b_t."""
-        used = self.trajectory[-1] if self.trajectory else self.threshold
+        used = self.trajectory[-1] if self.trajectory else self.mechanism.threshold
         return {"clip_threshold": used, "unclipped_fraction": self.unclipped_fraction}
 
     def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "sigma_b": self.sigma_b,
-                "clip_floor": self.clip_floor(), "final_clip_threshold": self.threshold,
+        return {"clip_floor": self.clip_floor(),
+                "final_clip_threshold": self.mechanism.threshold,
                 "floor_binding_share": self.floor_binding_share(),
                 "clip_threshold_trajectory": list(self.trajectory),
                 "unclipped_fraction_trajectory": list(self.fractions)}
@@ -150,12 +165,20 @@ class AdaClip(DPMethod):
             return 0.0
         return sum(c <= floor * (1 + 1e-9) for c in self.trajectory) / len(self.trajectory)
 
-    def extra_state(self) -> dict[str, Any]:
-        return {"threshold": self.threshold, "unclipped_fraction": self.unclipped_fraction,
+    def state_dict(self) -> dict[str, Any]:
+        return {"unclipped_fraction": self.unclipped_fraction,
                 "trajectory": list(self.trajectory), "fractions": list(self.fractions)}
 
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.threshold = float(state.get("threshold", self.threshold))
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.unclipped_fraction = float(state.get("unclipped_fraction", math.nan))
         self.trajectory = list(state.get("trajectory", []))
         self.fractions = list(state.get("fractions", []))
+
+
+@register_method("adaclip")
+class AdaClip(DPMethod):
+    """Unbounded adaptive clipping: C_LB = 0, so C_t may shrink towards 0."""
+
+    settings_cls = AdaClipSettings
+    mechanism_cls = AdaptiveClipping
+    update_cls = ThresholdTracking

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from dpbench.methods import register_method
-from dpbench.methods.base import DPMethod, StepContext
+from dpbench.methods.base import DPMethod, Mechanism, StepContext
 from dpbench.methods.settings import require
 
 
@@ -25,11 +25,8 @@ class AutoClipSettings:
         require(self.stability > 0, "stability", "> 0", self.stability)
 
 
-@register_method("autoclip")
-class AutoClip(DPMethod):
-    """AUTO-S: per-example factor 1 / (||u_i|| + r); the optimiser comes from the YAML."""
-
-    settings_cls = AutoClipSettings
+class AutomaticClipping(Mechanism):
+    """AUTO-S's clipping: per-example factor 1 / (||u_i|| + r), sensitivity 1."""
 
     def clip_factors(self, norms: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Return 1 / (||u_i|| + r)."""
@@ -38,3 +35,11 @@ class AutoClip(DPMethod):
     def sensitivity(self, ctx: StepContext) -> float:
         """Return 1: ||u_i|| / (||u_i|| + r) < 1."""
         return 1.0
+
+
+@register_method("autoclip")
+class AutoClip(DPMethod):
+    """AUTO-S: automatic clipping; the update is the YAML's optimiser."""
+
+    settings_cls = AutoClipSettings
+    mechanism_cls = AutomaticClipping

@@ -29,7 +29,7 @@ from torch import nn
 
 from dpbench.errors import ConfigError
 from dpbench.methods import register_method
-from dpbench.methods.base import DPMethod, RunInfo
+from dpbench.methods.base import DPMethod, Mechanism, RunInfo
 from dpbench.privacy.banded_mf import (
     STRATEGIES,
     BandedNoiseShaper,
@@ -66,14 +66,11 @@ def available_memory_bytes(device: torch.device) -> int | None:
         return None
 
 
-@register_method("bandmf")
-class BandMF(DPMethod):
-    """DP-SGD's clipping and update with cyclic Poisson sampling and banded correlated noise."""
+class BandedMatrixFactorization(Mechanism):
+    """DP-SGD's clipping with cyclic Poisson sampling and banded correlated noise."""
 
-    settings_cls = BandMFSettings
-
-    def __init__(self, optimizer=None, **settings: Any) -> None:
-        super().__init__(optimizer, **settings)
+    def __init__(self, name: str, settings: dict[str, Any]) -> None:
+        super().__init__(name, settings)
         self.config = BandMFSettings(**self.settings)
         self.coefs: np.ndarray | None = None
 
@@ -81,7 +78,7 @@ class BandMF(DPMethod):
         return self.config.bands
 
     def setup(self, params: list[nn.Parameter], info: RunInfo) -> None:
-        """Build the optimiser and the strategy; refuse if the noise history will not fit."""
+        """Build the strategy; refuse if the noise history will not fit."""
         super().setup(params, info)
         self.coefs = strategy_coefficients(self.config.strategy, self.config.bands,
                                            info.total_steps)
@@ -103,13 +100,12 @@ class BandMF(DPMethod):
 
     def summary(self) -> dict[str, Any]:
         """Return the mechanism and the DP-SGD it is accounted as (Thm 4)."""
-        out = super().summary()
         if self.info is None or self.coefs is None:
-            return out
+            return {}
         rate, steps = amplified_equivalent(self.info.sample_rate, self.info.total_steps,
                                            self.config.bands)
         n = self.info.total_steps
-        out.update({
+        return {
             "mechanism": "amplified banded matrix factorization (cyclic Poisson, b-banded "
                          "Toeplitz C, unit-norm columns)",
             "bands": self.config.bands, "strategy": self.config.strategy,
@@ -118,5 +114,12 @@ class BandMF(DPMethod):
             "dpsgd_prefix_sum_loss": prefix_sum_loss(np.ones(1), n) / n,
             "equivalent_dpsgd": {"noise_multiplier": self.info.noise_multiplier,
                                  "sample_rate": rate, "steps": steps},
-        })
-        return out
+        }
+
+
+@register_method("bandmf")
+class BandMF(DPMethod):
+    """BandMF's mechanism; the update is the YAML's optimiser on the released gradient."""
+
+    settings_cls = BandMFSettings
+    mechanism_cls = BandedMatrixFactorization

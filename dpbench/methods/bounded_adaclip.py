@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dpbench.methods import register_method
-from dpbench.methods.adaclip import AdaClip, AdaClipSettings
+from dpbench.methods.adaclip import AdaClip, AdaClipSettings, ThresholdTracking
 from dpbench.methods.settings import require
 
 
@@ -26,11 +26,16 @@ class BoundedAdaClipSettings(AdaClipSettings):
         require(self.clip_floor >= 0, "clip_floor", "a number >= 0", self.clip_floor)
 
 
+class BoundedThresholdTracking(ThresholdTracking):
+    """The threshold update with the floor C_LB = ``clip_floor`` (post-processing)."""
+
+    def clip_floor(self) -> float:
+        return float(self.settings["clip_floor"])
+
+
 @register_method("bounded_adaclip")
 class BoundedAdaClip(AdaClip):
     """Adaptive clipping whose threshold never goes below ``clip_floor`` (C_LB, default 0.1)."""
 
     settings_cls = BoundedAdaClipSettings
-
-    def clip_floor(self) -> float:
-        return float(self.settings["clip_floor"])
+    update_cls = BoundedThresholdTracking

@@ -23,7 +23,14 @@ from typing import Any
 import torch
 
 from dpbench.methods import register_method
-from dpbench.methods.base import DPMethod, EvalPoint, StepContext
+from dpbench.methods.base import (
+    DPMethod,
+    EvalPoint,
+    Mechanism,
+    OptimizerFactory,
+    StepContext,
+    Update,
+)
 from dpbench.methods.settings import require
 
 
@@ -39,17 +46,19 @@ class DiSKSettings:
         require(self.gamma > 0, "gamma", "> 0", self.gamma)
 
 
-class TwoPointObservation(DPMethod):
-    """Stages 2 and 8 of DiSK/FIBER: the points theta and theta + gamma d, and theta_{t-1}."""
+class TwoPointObservation(Mechanism):
+    """Stage 2 of DiSK/FIBER: the points theta and theta + gamma d_t, d_t = theta_t - theta_{t-1}.
 
-    # the two points are combined per example before clipping (``u_i`` above): book-keeping
-    # forms ||u_i|| and sum_i f_i u_i from both points' activations and output gradients
-    # (cross terms included) and Opacus hooks from materialised gradients; neither needs the
-    # method to read per-example gradients itself
-    needs_per_example_grads = False
+    ``previous_params`` (theta_{t-1}) is the mechanism's moving parameter, set by the update
+    before each optimiser step. The two points are combined per example before clipping
+    (``u_i`` above), so any theta_{t-1} gives one release of sensitivity C; book-keeping forms
+    ||u_i|| and sum_i f_i u_i from both points' activations and output gradients (cross terms
+    included) and Opacus hooks from materialised gradients, so the method never reads
+    per-example gradients itself.
+    """
 
-    def __init__(self, optimizer=None, **settings: Any) -> None:
-        super().__init__(optimizer, **settings)
+    def __init__(self, name: str, settings: dict[str, Any]) -> None:
+        super().__init__(name, settings)
         self.previous_params: list[torch.Tensor] | None = None  # theta_{t-1}
 
     @property
@@ -73,29 +82,26 @@ class TwoPointObservation(DPMethod):
             return [EvalPoint(weight=1.0, offsets=offsets)]
         return [EvalPoint(weight=1.0 - a), EvalPoint(weight=a, offsets=offsets)]
 
-    def update(self, grads: list[torch.Tensor], ctx: StepContext) -> None:
-        """Run the optimiser and remember theta_t, so that d_{t+1} = theta_{t+1} - theta_t."""
-        previous = [p.detach().clone() for p in self.params]
-        super().update(grads, ctx)
-        self.previous_params = previous
-
-    def extra_state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {"previous_params": self.previous_params}
 
-    def load_extra_state(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         prev = state.get("previous_params")
         self.previous_params = ([t.to(p.device) for t, p in zip(prev, self.params)]
                                 if prev is not None else None)
 
 
-@register_method("disk")
-class DiSK(TwoPointObservation):
-    """DiSK: the two-point observation, then ``g~_t = (1 - kappa) g~_{t-1} + kappa g_t``."""
+def remember_weights(update: Update) -> None:
+    """Set the two-point mechanism's theta_{t-1} to theta_t, before the optimiser moves it."""
+    update.mechanism.previous_params = [p.detach().clone() for p in update.params]
 
-    settings_cls = DiSKSettings
 
-    def __init__(self, optimizer=None, **settings: Any) -> None:
-        super().__init__(optimizer, **settings)
+class KalmanFilteredUpdate(Update):
+    """DiSK's stages 7 and 8: ``g~_t = (1 - kappa) g~_{t-1} + kappa g_t``, then the optimiser."""
+
+    def __init__(self, name: str, settings: dict[str, Any], mechanism: Mechanism,
+                 optimizer: OptimizerFactory | None = None) -> None:
+        super().__init__(name, settings, mechanism, optimizer)
         self.filtered: list[torch.Tensor] | None = None  # g~_{t-1}
 
     def postprocess(self, grads: list[torch.Tensor], ctx: StepContext) -> list[torch.Tensor]:
@@ -108,10 +114,23 @@ class DiSK(TwoPointObservation):
                 f.mul_(1.0 - kappa).add_(g, alpha=kappa)
         return [f.clone() for f in self.filtered]
 
-    def extra_state(self) -> dict[str, Any]:
-        return {**super().extra_state(), "filtered": self.filtered}
+    def update(self, grads: list[torch.Tensor], ctx: StepContext) -> None:
+        """Run the optimiser, theta_t remembered so that d_{t+1} = theta_{t+1} - theta_t."""
+        remember_weights(self)
+        super().update(grads, ctx)
 
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        super().load_extra_state(state)
+    def state_dict(self) -> dict[str, Any]:
+        return {"filtered": self.filtered}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         f = state.get("filtered")
         self.filtered = [t.to(p.device) for t, p in zip(f, self.params)] if f else None
+
+
+@register_method("disk")
+class DiSK(DPMethod):
+    """DiSK: the two-point observation, then the filter and the YAML's optimiser."""
+
+    settings_cls = DiSKSettings
+    mechanism_cls = TwoPointObservation
+    update_cls = KalmanFilteredUpdate

@@ -33,7 +33,7 @@ class DPIVONSettings(IVONSettings):
 
 @register_method("dp_ivon")
 class DPIVON(IVON):
-    """IVON after the DP release; overrides stages 2 and 8 and the evaluation (no privacy cost)."""
+    """IVON's posterior sampling (stage 2) and update (stage 8, evaluation) on the DP release."""
 
     private = True
     settings_cls = DPIVONSettings

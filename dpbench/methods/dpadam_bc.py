@@ -17,7 +17,7 @@ import torch
 
 from dpbench.errors import ConfigError
 from dpbench.methods import register_method
-from dpbench.methods.base import DPMethod, RunInfo, StepContext
+from dpbench.methods.base import DPMethod, RunInfo, StepContext, Update
 
 
 class AdamBC(torch.optim.Optimizer):
@@ -96,8 +96,8 @@ class AdamBC(torch.optim.Optimizer):
         return loss
 
 
-class NoiseCorrectedAdam(DPMethod):
-    """A method whose optimiser is ``AdamBC``; subclasses say which variance it removes."""
+class NoiseCorrectedAdam(Update):
+    """An update whose optimiser is ``AdamBC``; subclasses say which variance it removes."""
 
     def setup(self, params: list[torch.nn.Parameter], info: RunInfo) -> None:
         super().setup(params, info)
@@ -125,9 +125,11 @@ class NoiseCorrectedAdam(DPMethod):
         return {}
 
     def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "optimizer": type(self.optimizer).__name__}
+        return {"optimizer": type(self.optimizer).__name__}
 
 
 @register_method("dpadam_bc")
-class DPAdamBC(NoiseCorrectedAdam):
+class DPAdamBC(DPMethod):
     """DP-AdamBC: stage 8 is ``AdamBC`` with ``noise_variance = sigma_w^2 = (sigma C / B)^2``."""
+
+    update_cls = NoiseCorrectedAdam

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from dpbench.methods import register_method
-from dpbench.methods.base import DPMethod, StepContext
+from dpbench.methods.base import DPMethod, Mechanism, StepContext
 from dpbench.methods.clipping import flat_clip_factors
 
 
@@ -22,16 +22,26 @@ class DPSGDSettings:
     normalize: bool = False  # true: clip_C(g) / C (sensitivity 1, lr decoupled from C)
 
 
-@register_method("dpsgd")
-class DPSGD(DPMethod):
-    """Every stage but clipping is the base class's default; SGD comes from the YAML."""
+class FlatClipping(Mechanism):
+    """Clipping at ``clip_threshold(ctx)`` (C), divided by it when ``settings.normalize``."""
 
-    settings_cls = DPSGDSettings
+    def clip_threshold(self, ctx: StepContext) -> float:
+        """Return the step's threshold: C from the privacy config."""
+        return ctx.clip_norm
 
     def clip_factors(self, norms: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Return min(1, C/||u_i||), or min(1, C/||u_i||) / C when normalised."""
-        return flat_clip_factors(norms, ctx.clip_norm, bool(self.settings["normalize"]))
+        return flat_clip_factors(norms, self.clip_threshold(ctx),
+                                 bool(self.settings["normalize"]))
 
     def sensitivity(self, ctx: StepContext) -> float:
         """Return C (flat clipping) or 1 (normalised clipping)."""
-        return 1.0 if self.settings["normalize"] else ctx.clip_norm
+        return 1.0 if self.settings["normalize"] else self.clip_threshold(ctx)
+
+
+@register_method("dpsgd")
+class DPSGD(DPMethod):
+    """DP-SGD's mechanism with optional normalisation; the update is the YAML's SGD."""
+
+    settings_cls = DPSGDSettings
+    mechanism_cls = FlatClipping

@@ -14,6 +14,9 @@ DP-AdamW's):
 Ablations (settings): ``filter=ema`` replaces the filter by ``g~_t = (1 - omega) g~_{t-1} +
 omega g_t`` (gain ``omega / (2 - omega)``); ``correction=standard`` subtracts the unfiltered
 sigma_w^2 (DP-AdamBC's), ``correction=none`` subtracts nothing (plain AdamW on g~).
+
+The method is a pair of reused halves: DiSK's mechanism (``TwoPointObservation``) and
+``FilterAwareAdam``, DP-AdamBC's update (``NoiseCorrectedAdam``) with the filter in front.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from typing import Any
 import torch
 
 from dpbench.methods import register_method
-from dpbench.methods.base import StepContext
-from dpbench.methods.disk import DiSKSettings, TwoPointObservation
+from dpbench.methods.base import DPMethod, Mechanism, OptimizerFactory, StepContext
+from dpbench.methods.disk import DiSKSettings, TwoPointObservation, remember_weights
 from dpbench.methods.dpadam_bc import NoiseCorrectedAdam
 from dpbench.methods.settings import require
 
@@ -64,14 +67,13 @@ class FiberSettings(DiSKSettings):
                 self.correction)
 
 
-@register_method("fiber")
-class FIBER(TwoPointObservation, NoiseCorrectedAdam):
-    """FIBER: stages 2/4 (two points), 7 (innovation filter), 8 (filter-aware AdamBC)."""
+class FilterAwareAdam(NoiseCorrectedAdam):
+    """FIBER's stages 7 and 8: the innovation filter (or the EMA ablation), then AdamBC with
+    the filtered noise variance removed; theta_t is remembered for the two-point observation."""
 
-    settings_cls = FiberSettings
-
-    def __init__(self, optimizer=None, **settings: Any) -> None:
-        super().__init__(optimizer, **settings)
+    def __init__(self, name: str, settings: dict[str, Any], mechanism: Mechanism,
+                 optimizer: OptimizerFactory | None = None) -> None:
+        super().__init__(name, settings, mechanism, optimizer)
         self.filtered: list[torch.Tensor] | None = None  # g~_{t-1}
         self.residual: list[torch.Tensor] | None = None  # r_{t-1}
 
@@ -109,15 +111,28 @@ class FIBER(TwoPointObservation, NoiseCorrectedAdam):
                 f.mul_(1.0 - omega).add_(g, alpha=omega)
         return [f.clone() for f in self.filtered]
 
+    def update(self, grads: list[torch.Tensor], ctx: StepContext) -> None:
+        """Run AdamBC, theta_t remembered so that d_{t+1} = theta_{t+1} - theta_t."""
+        remember_weights(self)
+        super().update(grads, ctx)
+
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "noise_gain_A": self.noise_gain()}
 
-    def extra_state(self) -> dict[str, Any]:
-        return {**super().extra_state(), "filtered": self.filtered, "residual": self.residual}
+    def state_dict(self) -> dict[str, Any]:
+        return {"filtered": self.filtered, "residual": self.residual}
 
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        super().load_extra_state(state)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("filtered", "residual"):
             value = state.get(key)
             setattr(self, key, [t.to(p.device) for t, p in zip(value, self.params)]
                     if value else None)
+
+
+@register_method("fiber")
+class FIBER(DPMethod):
+    """FIBER: DiSK's two-point mechanism (stages 2/4) and the filter-aware AdamBC update."""
+
+    settings_cls = FiberSettings
+    mechanism_cls = TwoPointObservation
+    update_cls = FilterAwareAdam

@@ -13,9 +13,9 @@ lambda the effective sample size (``ess``, default N) and delta the weight decay
 
 with alpha = lr (h0 + delta) (the paper's learning-rate rescaling). ``hess=gradsq`` uses
 h_hat = lambda g^2 instead (the squared-gradient estimate; ``dp_ivon`` adds the DP noise
-correction). In dpbench, step 1 is ``evaluation_points`` (the loop adds the offsets, takes
-the gradients and removes them), steps 3-6 are ``update``. Prediction is Bayesian model
-averaging over posterior samples (``evaluate``).
+correction). In dpbench, step 1 is the mechanism's ``evaluation_points`` (the loop adds the
+offsets, takes the gradients and removes them), steps 3-6 are the update's ``update``.
+Prediction is Bayesian model averaging over posterior samples (the update's ``evaluate``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,15 @@ from torch import nn
 
 from dpbench.errors import ConfigError
 from dpbench.methods import register_method
-from dpbench.methods.base import DPMethod, EvalPoint, RunInfo, StepContext
+from dpbench.methods.base import (
+    DPMethod,
+    EvalPoint,
+    Mechanism,
+    OptimizerFactory,
+    RunInfo,
+    StepContext,
+    Update,
+)
 from dpbench.methods.settings import require
 from dpbench.utils.seeding import stream_generator
 from dpbench.utils.tensors import parameters_at
@@ -158,23 +166,43 @@ class IVONSettings:
         require(self.eval_samples >= 0, "eval_samples", "an integer >= 0", self.eval_samples)
 
 
-@register_method("ivon")
-class IVON(DPMethod):
-    """Non-private IVON with the reparameterised Hessian estimate (``hess=reparam``).
+class PosteriorSampling(Mechanism):
+    """Stage 2 of IVON: S posterior samples theta_s = m + e_s / sqrt(lambda (h + delta)).
 
-    Settings: ``hess`` (reparam | gradsq), ``mc_samples`` (posterior samples per step;
-    their gradients are averaged, so reparam needs 1), ``correction`` (DP noise correction
-    of gradsq, used by ``dp_ivon``), ``eval_samples`` (S for Bayesian model averaging; 0
-    predicts at the mean only) and ``eval_seed`` (the BMA samples' seed).
+    ``posterior`` (the update's ``IVONOptimizer``, whose h is post-processing of released
+    gradients) is the mechanism's moving parameter; the samples' gradients are averaged per
+    example before clipping, so any posterior gives one release of the declared sensitivity.
     """
 
-    private = False
-    tasks = frozenset({"classification"})
-    settings_cls = IVONSettings
+    def __init__(self, name: str, settings: dict[str, Any]) -> None:
+        super().__init__(name, settings)
+        self.posterior: IVONOptimizer | None = None  # set by the update's setup
+        self.offsets: list[list[torch.Tensor]] = []  # this step's theta_s - m
 
-    def __init__(self, optimizer=None, **settings: Any) -> None:
-        super().__init__(optimizer=optimizer or IVONOptimizer, **settings)
-        self._offsets: list[list[torch.Tensor]] = []
+    def gradient_evaluations_per_step(self) -> int:
+        """Return S = mc_samples: one gradient evaluation per posterior sample."""
+        return int(self.settings["mc_samples"])
+
+    def evaluation_points(self, ctx: StepContext) -> list[EvalPoint]:
+        """Return S posterior samples theta_s = m + e_s / sqrt(lambda (h + delta)), weight 1/S.
+
+        The loop averages the S gradients per example before clipping, so S > 1 costs no
+        privacy (docs/ivon.md). The offsets are kept for the reparameterised estimate.
+        """
+        assert self.posterior is not None, "the update's setup hands over the posterior"
+        s = self.settings["mc_samples"]
+        self.offsets = [self.posterior.sample_offsets(ctx.method_generator) for _ in range(s)]
+        return [EvalPoint(weight=1.0 / s, offsets=o) for o in self.offsets]
+
+
+class IVONUpdate(Update):
+    """IVON's stage 8 (Alg. 1 lines 5-9) and its Bayesian model averaging at evaluation."""
+
+    mechanism: PosteriorSampling
+
+    def __init__(self, name: str, settings: dict[str, Any], mechanism: Mechanism,
+                 optimizer: OptimizerFactory | None = None) -> None:
+        super().__init__(name, settings, mechanism, optimizer or IVONOptimizer)
         self._diag = {"steps": 0, "zero_fraction_sum": 0.0, "last_zero_fraction": 0.0}
 
     def setup(self, params: list[nn.Parameter], info: RunInfo) -> None:
@@ -184,35 +212,22 @@ class IVON(DPMethod):
                               "dpbench.methods.ivon.IVONOptimizer "
                               f"(got {type(self.optimizer).__name__})")
         self.optimizer.set_ess(info.dataset_size)  # lambda = N unless set (paper default)
-
-    def gradient_evaluations_per_step(self) -> int:
-        """Return S = mc_samples: one gradient evaluation per posterior sample."""
-        return int(self.settings["mc_samples"])
+        self.mechanism.posterior = self.optimizer
 
     @property
     def ivon(self) -> IVONOptimizer:
         assert isinstance(self.optimizer, IVONOptimizer)
         return self.optimizer
 
-    # ---- stage 2: posterior samples ------------------------------------------------------
-    def evaluation_points(self, ctx: StepContext) -> list[EvalPoint]:
-        """Return S posterior samples theta_s = m + e_s / sqrt(lambda (h + delta)), weight 1/S.
-
-        The loop averages the S gradients per example before clipping, so S > 1 costs no
-        privacy (docs/ivon.md). The offsets are kept for the reparameterised estimate.
-        """
-        s = self.settings["mc_samples"]
-        self._offsets = [self.ivon.sample_offsets(ctx.method_generator) for _ in range(s)]
-        return [EvalPoint(weight=1.0 / s, offsets=o) for o in self._offsets]
-
     # ---- stage 8: the IVON update --------------------------------------------------------
     def curvature(self, grads: list[torch.Tensor], ctx: StepContext) -> list[torch.Tensor]:
         """Return h_hat: reparam g (theta - m) / sigma_v^2 (Alg. 1 line 5), or gradsq."""
         if self.settings["hess"] == "reparam":
-            if not self._offsets:  # no sample this step (empty batch): g = 0, so h_hat = 0
+            offsets = self.mechanism.offsets
+            if not offsets:  # no sample this step (empty batch): g = 0, so h_hat = 0
                 return [torch.zeros_like(g) for g in grads]
             return [g * d * prec for g, d, prec in
-                    zip(grads, self._offsets[0], self.ivon.precision_scale())]
+                    zip(grads, offsets[0], self.ivon.precision_scale())]
         return self.squared_gradient_curvature(grads, ctx)
 
     def squared_gradient_curvature(self, grads: list[torch.Tensor],
@@ -233,7 +248,7 @@ class IVON(DPMethod):
     def update(self, grads: list[torch.Tensor], ctx: StepContext) -> None:
         """Apply IVON's momentum, curvature and mean update (Alg. 1 lines 5-9)."""
         self.ivon.ivon_step(grads, self.curvature(grads, ctx))
-        self._offsets = []
+        self.mechanism.offsets = []
         self._diag["steps"] += 1
         self._diag["zero_fraction_sum"] += self._diag["last_zero_fraction"]
 
@@ -250,7 +265,7 @@ class IVON(DPMethod):
 
     def summary(self) -> dict[str, Any]:
         steps = max(self._diag["steps"], 1)
-        return {**super().summary(), "hess": self.settings["hess"],
+        return {"hess": self.settings["hess"],
                 "mc_samples": self.settings["mc_samples"],
                 "correction": self.settings["correction"],
                 "eval_samples": self.settings["eval_samples"],
@@ -258,10 +273,10 @@ class IVON(DPMethod):
                 "vhat_zero_fraction_mean": (self._diag["zero_fraction_sum"] / steps
                                             if self.settings["hess"] == "gradsq" else None)}
 
-    def extra_state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return dict(self._diag)
 
-    def load_extra_state(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self._diag.update(state)
 
     # ---- prediction ----------------------------------------------------------------------
@@ -299,3 +314,20 @@ class IVON(DPMethod):
             return torch.logsumexp(torch.stack(log_probs), dim=0) - math.log(samples)
 
         return predict
+
+
+@register_method("ivon")
+class IVON(DPMethod):
+    """Non-private IVON with the reparameterised Hessian estimate (``hess=reparam``).
+
+    Settings: ``hess`` (reparam | gradsq), ``mc_samples`` (posterior samples per step;
+    their gradients are averaged, so reparam needs 1), ``correction`` (DP noise correction
+    of gradsq, used by ``dp_ivon``), ``eval_samples`` (S for Bayesian model averaging; 0
+    predicts at the mean only) and ``eval_seed`` (the BMA samples' seed).
+    """
+
+    private = False
+    tasks = frozenset({"classification"})
+    settings_cls = IVONSettings
+    mechanism_cls = PosteriorSampling
+    update_cls = IVONUpdate

@@ -20,7 +20,14 @@ from torch import nn
 
 from dpbench.errors import ConfigError
 from dpbench.methods import register_method
-from dpbench.methods.base import DPMethod, RunInfo, StepContext
+from dpbench.methods.base import (
+    DPMethod,
+    Mechanism,
+    OptimizerFactory,
+    RunInfo,
+    StepContext,
+    Update,
+)
 from dpbench.methods.settings import require
 
 TARGETS = ("lora", "all_2d")
@@ -86,29 +93,17 @@ class SpectralDenoiseSettings:
                 "targets", f"one of {TARGETS} or a list of parameter-name substrings", targets)
 
 
-@register_method("spectral_denoise")
-class SpectralDenoise(DPMethod):
-    """DP-SGD/DP-Adam (optimiser from the YAML) whose stage 7 denoises each selected 2-D gradient.
+class SpectralShrinkage(Update):
+    """Stage 7: each selected 2-D released gradient denoised; then the YAML's optimiser."""
 
-    ``targets``: ``lora`` (the LoRA factors A and B, by parameter name) or ``all_2d`` (every 2-D
-    trainable gradient, e.g. full weight matrices of linear layers fine-tuned directly), or a
-    list of substrings of parameter names. ``kappa`` scales the gate.
-    """
-
-    settings_cls = SpectralDenoiseSettings
-
-    def __init__(self, optimizer=None, **settings: Any) -> None:
-        super().__init__(optimizer, **settings)
-        self.param_names: dict[int, str] = {}
+    def __init__(self, name: str, settings: dict[str, Any], mechanism: Mechanism,
+                 optimizer: OptimizerFactory | None = None) -> None:
+        super().__init__(name, settings, mechanism, optimizer)
+        self.param_names: dict[int, str] = {}  # by identity, from the method's configure_model
         self.selected: list[int] = []
         self._metrics: dict[str, float] = {}
         self.denoise_seconds = 0.0
         self.totals = {"steps": 0.0, "cosine": 0.0, "passed": 0.0}
-
-    def configure_model(self, model: nn.Module) -> nn.Module:
-        """Remember parameter names (by identity) so ``targets`` can select matrices."""
-        self.param_names = {id(p): name for name, p in model.named_parameters()}
-        return model
 
     def _is_target(self, name: str, p: torch.Tensor) -> bool:
         if p.dim() != 2 or min(p.shape) < 2:
@@ -166,14 +161,32 @@ class SpectralDenoise(DPMethod):
 
     def summary(self) -> dict[str, Any]:
         steps = max(self.totals["steps"], 1.0)
-        return {**super().summary(), "denoised_matrices": len(self.selected),
+        return {"denoised_matrices": len(self.selected),
                 "denoise_seconds_total": self.denoise_seconds,
                 "denoise_cosine_mean": self.totals["cosine"] / steps,
                 "denoise_passed_mean": self.totals["passed"] / steps}
 
-    def extra_state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {"denoise_seconds": self.denoise_seconds, "totals": dict(self.totals)}
 
-    def load_extra_state(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.denoise_seconds = state.get("denoise_seconds", 0.0)
         self.totals.update(state.get("totals", {}))
+
+
+@register_method("spectral_denoise")
+class SpectralDenoise(DPMethod):
+    """DP-SGD/DP-Adam (optimiser from the YAML) whose stage 7 denoises each selected 2-D gradient.
+
+    ``targets``: ``lora`` (the LoRA factors A and B, by parameter name) or ``all_2d`` (every 2-D
+    trainable gradient, e.g. full weight matrices of linear layers fine-tuned directly), or a
+    list of substrings of parameter names. ``kappa`` scales the gate.
+    """
+
+    settings_cls = SpectralDenoiseSettings
+    update_cls = SpectralShrinkage
+
+    def configure_model(self, model: nn.Module) -> nn.Module:
+        """Hand the update the parameter names (by identity) that ``targets`` selects by."""
+        self.updater.param_names = {id(p): name for name, p in model.named_parameters()}
+        return model

@@ -55,7 +55,7 @@ def test_small_sigma_b_rejected_before_training():
 
 def test_count_query_is_centred_with_half_sensitivity():
     method = AdaClip(count_threshold=2.0, sigma_b=7.0)
-    method.threshold, method.sigma_b = 1.5, 7.0
+    method.mechanism.threshold, method.mechanism.sigma_b = 1.5, 7.0
     norms = torch.tensor([0.1, 2.9, 3.0, 3.1, 10.0])
     (q,) = method.extra_queries(norms, _ctx())
     assert q.name == COUNT_QUERY and q.sensitivity == 0.5 and q.noise_std == 7.0
@@ -64,11 +64,12 @@ def test_count_query_is_centred_with_half_sensitivity():
 
 def test_unclipped_fraction_recovered_from_centred_sum():
     method = AdaClip(clip_lr=0.2, target_quantile=0.5)
-    method.threshold, method.sigma_b, method.trajectory, method.fractions = 2.0, 1.0, [], []
+    method.mechanism.threshold, method.mechanism.sigma_b = 2.0, 1.0
+    method.updater.trajectory, method.updater.fractions = [], []
     # 100 expected examples, 80 of them unclipped: centred sum 80 * 0.5 - 20 * 0.5 = 30
     method.after_step({COUNT_QUERY: torch.tensor(30.0)}, _ctx(100.0))
-    assert method.unclipped_fraction == pytest.approx(0.8)
-    assert method.threshold == pytest.approx(2.0 * math.exp(-0.2 * (0.8 - 0.5)))
+    assert method.updater.unclipped_fraction == pytest.approx(0.8)
+    assert method.mechanism.threshold == pytest.approx(2.0 * math.exp(-0.2 * (0.8 - 0.5)))
 
 
 def test_geometric_update_direction_and_floor():
@@ -79,7 +80,7 @@ def test_geometric_update_direction_and_floor():
 
 def test_normalised_clipping_bounds_contributions_by_one():
     method = AdaClip(normalize=True)
-    method.threshold = 0.3
+    method.mechanism.threshold = 0.3
     norms = torch.tensor([0.0, 0.1, 0.3, 1.0, 50.0])
     contrib = method.clip_factors(norms, _ctx()) * norms
     assert float(contrib.max()) <= 1.0 + 1e-6 and method.sensitivity(_ctx()) == 1.0

@@ -77,8 +77,8 @@ def test_release_combines_the_two_points_per_example_before_clipping():
     c = ctx(step=1)
     c.clip_norm = 0.05  # clips every example: clipping the sum would differ
     release = private_release(disk, engine, task, (x, y), c, sigma=0.0, max_physical=None)
-    a, gamma = disk.lookahead_weight, 0.5
-    d = [p.detach() - prev for p, prev in zip(params, disk.previous_params)]
+    a, gamma = disk.mechanism.lookahead_weight, 0.5
+    d = [p.detach() - prev for p, prev in zip(params, disk.mechanism.previous_params)]
     expected = [torch.zeros_like(p, dtype=torch.float64) for p in params]  # float64 reference
     for i in range(6):
         per_point = []

@@ -45,13 +45,13 @@ def test_curvature_reads_the_loop_noise_and_projects_to_zero():
     method, ctx = _method(noise_std)
     gen = torch.Generator().manual_seed(1)
     g_dp = noise_std * torch.randn(20_000, generator=gen)  # clean gradient 0: pure noise
-    (f,) = method.curvature([g_dp], ctx)
+    (f,) = method.updater.curvature([g_dp], ctx)
     zero = method.step_metrics()["vhat_zero_fraction"]
     assert abs(zero - 0.6827) < 0.01  # P(|Z| < 1) for Z ~ N(0, 1)
     expected = 100.0 * (g_dp.square() - noise_std ** 2).clamp(min=0)  # f = N v_hat
     torch.testing.assert_close(f, expected)
     off, ctx_off = _method(noise_std, correction=False)
-    (f_off,) = off.curvature([g_dp], ctx_off)
+    (f_off,) = off.updater.curvature([g_dp], ctx_off)
     torch.testing.assert_close(f_off, 100.0 * g_dp.square())
     assert off.step_metrics()["vhat_zero_fraction"] == 0.0
 
@@ -95,6 +95,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
     resumed.fit()
     for p, q in zip(straight.params, resumed.params):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
-    for h, k in zip(straight.method.ivon.hessians(), resumed.method.ivon.hessians()):
+    for h, k in zip(straight.method.updater.ivon.hessians(),
+                    resumed.method.updater.ivon.hessians()):
         torch.testing.assert_close(h, k, rtol=0, atol=0)
-    assert straight.method.hess_mean() != pytest.approx(0.1)  # h moved away from h0
+    assert straight.method.updater.hess_mean() != pytest.approx(0.1)  # h moved away from h0

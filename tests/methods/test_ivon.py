@@ -70,7 +70,7 @@ def test_reparam_trajectory_matches_ivon_opt_oracle():
         assert_matches_reference(p.detach() - p0.detach(), q.detach() - p0.detach(),
                                  reduction=40, safety=SAFETY * steps, name="parameters moved")
     ref_hess = ref.param_groups[0]["hess"]
-    ours_hess = torch.cat([h.flatten() for h in method.ivon.hessians()])
+    ours_hess = torch.cat([h.flatten() for h in method.updater.ivon.hessians()])
     assert ours_hess.dtype == ref_hess.dtype == torch.float64
     assert_matches_reference(ours_hess, ref_hess, reduction=40, safety=SAFETY * steps,
                              name="hessian")
@@ -83,11 +83,11 @@ def test_posterior_samples_follow_n_m_one_over_n_h_delta():
     params = list(model.parameters())
     method = _ivon(params, n)
     with torch.no_grad():  # a non-uniform h so the variance check is per coordinate
-        for h in method.ivon.hessians():
+        for h in method.updater.ivon.hessians():
             h.copy_(torch.linspace(0.01, 2.0, h.numel()).view_as(h))
     gen = torch.Generator().manual_seed(0)
-    draws = [method.ivon.sample_offsets(gen) for _ in range(4000)]
-    for i, h in enumerate(method.ivon.hessians()):
+    draws = [method.updater.ivon.sample_offsets(gen) for _ in range(4000)]
+    for i, h in enumerate(method.updater.ivon.hessians()):
         sample = torch.stack([d[i] for d in draws])
         var = 1.0 / (n * (h + HYPER["weight_decay"]))
         # mean 0 within 5 standard errors; variance within 10% (4000 draws: se ~ 2.2%)

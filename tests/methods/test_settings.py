@@ -37,9 +37,10 @@ WRONG_TYPE = {float: "abc", int: "1.5", bool: "maybe"}
 
 
 def _settings_keys_read(cls: type) -> set[str]:
-    """Return the keys the method's code reads as ``self.settings["key"]`` (its whole MRO)."""
+    """Return the keys the method's code reads as ``self.settings["key"]`` (the whole MRO of
+    the method, its mechanism and its update)."""
     keys: set[str] = set()
-    for klass in cls.__mro__:
+    for klass in {*cls.__mro__, *cls.mechanism_cls.__mro__, *cls.update_cls.__mro__}:
         if not klass.__module__.startswith("dpbench.methods"):
             continue
         tree = ast.parse(inspect.getsource(klass))

@@ -89,7 +89,7 @@ def _ctx(noise_std: float, private: bool = True) -> StepContext:
 
 def test_postprocess_selects_matrices_and_reports():
     method = _method(targets="all_2d")
-    assert method.selected == [0, 2]  # the two weights; biases untouched
+    assert method.updater.selected == [0, 2]  # the two weights; biases untouched
     s = 0.01
     clean, noisy = _low_rank_plus_noise(30, 40, rank=2, signal=2.0, s=s, seed=4)
     grads = [noisy, torch.randn(30), s * torch.randn(3, 30), torch.randn(3)]

@@ -103,7 +103,7 @@ def test_linear_adapter_trains_target_weights_directly():
     method = SpectralDenoise(targets="all_2d")
     method.configure_model(model)
     method.setup([p for p in model.parameters() if p.requires_grad], None)  # type: ignore
-    assert len(method.selected) == 13  # 12 weights 384 x 384 and the 2 x 384 head
+    assert len(method.updater.selected) == 13  # 12 weights 384 x 384 and the 2 x 384 head
 
 
 def test_bad_model_settings_raise():

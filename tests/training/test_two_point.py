@@ -102,10 +102,10 @@ def _two_point_method(name: str, model: nn.Module):
     method.params = params
     gen = torch.Generator().manual_seed(5)
     # drawn in float64 whatever the model's dtype: the same points for every precision
-    method.previous_params = [p.detach() - (0.3 * (p.detach().double().abs().mean() + 1e-3)
-                                            * torch.randn(p.shape, generator=gen,
-                                                          dtype=torch.float64)).to(p.dtype)
-                              for p in params]
+    method.mechanism.previous_params = [
+        p.detach() - (0.3 * (p.detach().double().abs().mean() + 1e-3)
+                      * torch.randn(p.shape, generator=gen, dtype=torch.float64)).to(p.dtype)
+        for p in params]
     return method
 
 

@@ -1,0 +1,42 @@
+"""What a method may know: the run's facts at set-up and the current step (no raw data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class StepContext:
+    """What a method may know about the current step (no raw data)."""
+
+    step: int
+    epoch: int
+    private: bool
+    noise_multiplier: float  # sigma the accountant is told (combined over the step's queries)
+    clip_norm: float  # C from the privacy config (a method may use its own threshold)
+    expected_batch_size: float  # B = q N: every mean divides by this, never the realised size
+    sample_rate: float
+    dataset_size: int
+    total_steps: int
+    generator: torch.Generator | None = None  # the loop's noise RNG (the release only)
+    method_generator: torch.Generator | None = None  # the method's own stream (posterior draws)
+    noise_std: float = 0.0  # per-coordinate std of the released mean gradient, set by the loop
+
+
+@dataclass
+class RunInfo:
+    """Facts a method may need at set-up time."""
+
+    dataset_size: int
+    expected_batch_size: float
+    sample_rate: float
+    total_steps: int
+    noise_multiplier: float
+    clip_norm: float
+    private: bool
+    task: str
+    device: torch.device
+    extras: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,183 @@
+"""The mechanism: the half of a method that decides what is released, so the half that sets epsilon.
+
+A method is a mechanism and an update (``dpbench.methods.base``). The mechanism's hooks are
+the only code of a method that can change the privacy cost, and the only code of a method a
+privacy review must read; everything in the update is post-processing of released values.
+The defaults are DP-SGD with flat clipping (Abadi et al. 2016):
+
+==============================  ===============================================================
+``participation_bands()``        None: Poisson sampling; b: cyclic Poisson over b partitions
+``evaluation_points(ctx)``       where per-example gradients are taken: [theta]
+``clip_factors(norms, ctx)``     per-example factors min(1, C / ||u_i||)
+``sensitivity(ctx)``             the bound on ||factor_i u_i||: C (the loop checks it)
+``gradient_noise_multiplier``    sigma of the gradient query: sigma (adaptive clipping splits it)
+``extra_queries(norms, ctx)``    privatised queries besides the gradient: none
+``noise_shaper(info)``           the map from the i.i.d. noise to the released noise: None
+==============================  ===============================================================
+
+Some mechanisms have parameters that move during a run (the adaptive threshold C_t, DiSK's
+theta_{t-1}, IVON's posterior). The update sets them, from released values only; so the
+mechanism's guarantee must hold for every value they can take, and the sensitivity it
+declares is the one of its current parameters (checked by the loop at every step).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import nn
+
+from dpbench.methods.clipping import flat_clip_factors
+from dpbench.methods.context import RunInfo, StepContext
+from dpbench.privacy.ledger import Query
+
+if TYPE_CHECKING:
+    from dpbench.methods.base import DPMethod
+
+#: the hooks that can change epsilon; an ``Update`` may define none of them
+PRIVACY_HOOKS = ("participation_bands", "evaluation_points", "clip_factors", "sensitivity",
+                 "gradient_noise_multiplier", "extra_queries", "noise_shaper")
+
+
+def refuse_hooks(cls: type, hooks: Sequence[str], reason: str) -> None:
+    """Raise ``TypeError`` if ``cls`` itself defines one of ``hooks`` (a hook in the wrong half
+    would never be called: ``DPMethod`` hands each hook to one half only)."""
+    stray = sorted(set(vars(cls)) & set(hooks))
+    if stray:
+        raise TypeError(f"{cls.__name__}: {stray} {reason}")
+
+
+class NoiseShaper(Protocol):
+    """Turns a step's i.i.d. Gaussian noise (one tensor per parameter) into released noise."""
+
+    def __call__(self, noise: list[torch.Tensor]) -> list[torch.Tensor]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any], device: torch.device | None = None
+                        ) -> None: ...
+
+
+@dataclass
+class EvalPoint:
+    """A point at which per-example gradients are taken, and its weight in the combination.
+
+    ``offsets`` (one tensor per trainable parameter, or None for theta itself) is added to the
+    parameters for the evaluation and removed afterwards.
+    """
+
+    weight: float = 1.0
+    offsets: Sequence[torch.Tensor] | None = None
+
+
+@dataclass
+class ExtraQuery:
+    """A privatised per-example query besides the gradient (e.g. a clip indicator).
+
+    ``values`` holds one number per example, each within [-sensitivity, sensitivity] (the loop
+    checks it); the loop sums them, adds N(0, noise_std^2) and hands the noisy sum back to
+    ``after_step`` under ``name``.
+    """
+
+    name: str
+    values: torch.Tensor
+    sensitivity: float
+    noise_std: float
+
+
+class Mechanism:
+    """DP-SGD's release: Poisson sampling, the gradient at theta, flat clipping, i.i.d. noise.
+
+    ``settings`` is the method's checked settings dict (shared with its update); ``name`` the
+    method's, for error messages.
+    """
+
+    def __init__(self, name: str, settings: dict[str, Any]) -> None:
+        self.name = name
+        self.settings = settings
+        self.params: list[nn.Parameter] = []
+        self.info: RunInfo | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        from dpbench.methods.update import UPDATE_HOOKS
+
+        refuse_hooks(cls, UPDATE_HOOKS, "post-process the release; they belong to the "
+                     "method's Update, not to its Mechanism")
+
+    # ---- housekeeping --------------------------------------------------------------------
+    def validate(self, info: RunInfo) -> None:
+        """Raise ``ConfigError`` for settings whose release cannot run (before training)."""
+
+    def setup(self, params: list[nn.Parameter], info: RunInfo) -> None:
+        """Build the mechanism's state over the trainable parameters."""
+        self.params = params
+        self.info = info
+
+    def gradient_evaluations_per_step(self) -> int:
+        """Return how many gradient evaluations a step makes (compute, not privacy)."""
+        return 1
+
+    def summary(self) -> dict[str, Any]:
+        """Return facts about the release for results.json."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the state a checkpoint keeps (the parameters the update has moved)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``'s entries (``state`` may hold the update's too)."""
+
+    # ---- sampling (stage 1) and evaluation points (stage 2) ------------------------------
+    def participation_bands(self) -> int | None:
+        """Return b for cyclic Poisson sampling over b fixed partitions (None: plain Poisson).
+
+        With b, step t samples partition t mod b at rate b q and the loop accounts the run
+        as DP-SGD at rate b q for ceil(T / b) steps (BandMF's amplification theorem).
+        """
+        return None
+
+    def evaluation_points(self, ctx: StepContext) -> list[EvalPoint]:
+        """Return the points whose per-example gradients are combined before clipping."""
+        return [EvalPoint()]
+
+    # ---- clipping (stage 5) --------------------------------------------------------------
+    def clip_factors(self, norms: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """Return per-example factors: flat clipping min(1, C / ||u_i||) (Abadi et al. 2016)."""
+        return flat_clip_factors(norms, ctx.clip_norm, normalize=False)
+
+    def sensitivity(self, ctx: StepContext) -> float:
+        """Return the L2 bound on one example's clipped contribution (C for flat clipping)."""
+        return ctx.clip_norm
+
+    # ---- privatised queries and the noise (stage 6) --------------------------------------
+    def gradient_noise_multiplier(self, sigma: float) -> float:
+        """Return the multiplier of the gradient query's noise (sigma unless split)."""
+        return sigma
+
+    def extra_queries(self, norms: torch.Tensor, ctx: StepContext) -> list[ExtraQuery]:
+        """Return the privatised per-example queries besides the gradient."""
+        return []
+
+    def noise_shaper(self, info: RunInfo) -> NoiseShaper | None:
+        """Return the map from each step's i.i.d. gradient noise to the noise released.
+
+        None: i.i.d. noise (DP-SGD). The loop owns the object (its state is checkpointed
+        with the loop's); it must keep each step's per-participation sensitivity.
+        """
+        return None
+
+
+def gradient_queries(method: DPMethod, ctx: StepContext, sigma: float,
+                     extra: Sequence[ExtraQuery]) -> list[Query]:
+    """Return the ledger entries of a step: the gradient query and the method's extra ones."""
+    sens = method.sensitivity(ctx)
+    grad_sigma = method.gradient_noise_multiplier(sigma)
+    queries = [Query("gradient", sens, grad_sigma * sens)]
+    queries += [Query(q.name, q.sensitivity, q.noise_std) for q in extra]
+    if not all(math.isfinite(q.noise_std) for q in queries):
+        raise ValueError("non-finite noise std")
+    return queries

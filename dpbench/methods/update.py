@@ -1,0 +1,101 @@
+"""The update: the half of a method that post-processes what the mechanism released.
+
+Every hook here sees released values only (the noisy gradient, the noisy extra queries, the
+step context), so nothing in an update can change epsilon: it is post-processing. The
+defaults apply the YAML's optimiser to the released gradient:
+
+==============================  ===============================================================
+``postprocess(grads, ctx)``      filters, denoising of the released gradient: unchanged
+``update(grads, ctx)``           the optimiser step on the (post-processed) gradient
+``after_step(released, ctx)``    use of the noisy extra queries (e.g. the next threshold)
+``evaluate(task, model, ...)``   the test metrics: the task's, at the current weights
+``step_metrics()``               per-step diagnostics to log: none
+==============================  ===============================================================
+
+An update may set its mechanism's moving parameters (``self.mechanism``: the adaptive
+threshold, the previous weights, the posterior) from released values; it may not define a
+mechanism hook (``PRIVACY_HOOKS``), and defining one raises at class creation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from dpbench.methods.context import RunInfo, StepContext
+from dpbench.methods.mechanism import PRIVACY_HOOKS, Mechanism, refuse_hooks
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+#: the hooks that post-process the release; a ``Mechanism`` may define none of them
+UPDATE_HOOKS = ("postprocess", "update", "after_step", "evaluate", "step_metrics")
+
+
+class Update:
+    """The YAML's optimiser on the released gradient (SGD with lr 0.1 when none is given).
+
+    ``settings`` is the method's checked settings dict (shared with its mechanism), ``name``
+    the method's (for error messages) and ``optimizer`` a Hydra ``_partial_`` factory.
+    """
+
+    def __init__(self, name: str, settings: dict[str, Any], mechanism: Mechanism,
+                 optimizer: OptimizerFactory | None = None) -> None:
+        self.name = name
+        self.settings = settings
+        self.mechanism = mechanism
+        self.optimizer_factory = optimizer or (lambda p: torch.optim.SGD(p, lr=0.1))
+        self.params: list[nn.Parameter] = []
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.info: RunInfo | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        refuse_hooks(cls, PRIVACY_HOOKS, "can change epsilon; they belong to the method's "
+                     "Mechanism, not to its Update")
+
+    # ---- housekeeping --------------------------------------------------------------------
+    def setup(self, params: list[nn.Parameter], info: RunInfo) -> None:
+        """Build the optimiser and any state over the trainable parameters."""
+        self.params = params
+        self.info = info
+        self.optimizer = self.optimizer_factory(params)
+
+    def summary(self) -> dict[str, Any]:
+        """Return facts about the update for results.json."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the state a checkpoint keeps beyond the optimiser's (filters, counters)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``'s entries (``state`` may hold the mechanism's too)."""
+
+    # ---- stage 7: post-processing --------------------------------------------------------
+    def postprocess(self, grads: list[torch.Tensor], ctx: StepContext) -> list[torch.Tensor]:
+        """Return the gradient the optimiser consumes (the released one by default)."""
+        return grads
+
+    # ---- stage 8: the optimiser step -----------------------------------------------------
+    def update(self, grads: list[torch.Tensor], ctx: StepContext) -> None:
+        """Apply the optimiser to ``grads``."""
+        assert self.optimizer is not None
+        for p, g in zip(self.params, grads):
+            p.grad = g
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # ---- stage 9 and evaluation ----------------------------------------------------------
+    def after_step(self, released: dict[str, torch.Tensor], ctx: StepContext) -> None:
+        """Use the step's noisy extra queries (``released``: name -> noisy sum)."""
+
+    def evaluate(self, task: Any, model: nn.Module, loader: Any, device: torch.device) -> dict:
+        """Return test metrics; default: the task's evaluation at the current weights."""
+        return task.evaluate(model, loader, device)
+
+    def step_metrics(self) -> dict[str, float]:
+        """Return per-step diagnostics to log (e.g. the current clip threshold)."""
+        return {}
