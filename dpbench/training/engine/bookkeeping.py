@@ -4,7 +4,7 @@ Bu, Wang, Zha and Karypis, "Differentially private optimization on large model a
 cost" (ICML 2023). One forward pass records each trainable layer's input ``a``; one backward
 (``torch.autograd.grad`` of the summed loss with respect to the layers' *outputs*, so no
 parameter gradient is formed) yields the output gradients ``g``. Then, per layer
-(``bk_layers``):
+(``bookkeeping_rules``):
 
 1. per-example squared norms by the ghost norm or by instantiation, whichever is cheaper;
    ``||g_i||^2 = sum_layers ||G_i^l||^2``;
