@@ -296,12 +296,11 @@ def _run_worker(cfg: DictConfig, run_dir: Path, multirun: bool, collective: Coll
         if multirun:
             return None
         sys.exit(0 if code == StartSignal.DONE else 2)
+    # the watch stays installed until the failure is reported: a launcher's SIGTERM (torchrun
+    # stops the other ranks when one dies) must not cut the one-line report short
     watch = PreemptionWatch().install()
     try:
-        try:
-            return trainer.fit(stop=watch.requested)
-        finally:
-            watch.restore()
+        return trainer.fit(stop=watch.requested)
     except Preempted:
         watch.hand_over()
         sys.exit(PREEMPTED_EXIT_CODE)
@@ -309,6 +308,8 @@ def _run_worker(cfg: DictConfig, run_dir: Path, multirun: bool, collective: Coll
         _print_error(prefix + (str(err) if isinstance(err, DPBenchError)
                                else f"{type(err).__name__}: {err}"))
         sys.exit(1)
+    finally:
+        watch.release()
 
 
 def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo,
@@ -377,11 +378,8 @@ def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo,
                  trainer.plan.noise_multiplier, trainer.plan.delta, trainer.plan.accountant)
         if start is not None:
             start.send(StartSignal.GO)
-        watch.install()
-        try:
-            result = trainer.fit(stop=watch.requested)
-        finally:
-            watch.restore()
+        watch.install()  # restored only after a failure is recorded (see the finally)
+        result = trainer.fit(stop=watch.requested)
     except Preempted as err:  # a whole step checkpointed: not a failure
         _preempted(callbacks, err, watch)
     except BaseException as err:  # noqa: BLE001 - record every failure, then re-raise
@@ -395,6 +393,9 @@ def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo,
             sys.exit(1)
         return None
     finally:
+        # a SIGTERM that arrives while a failure is recorded (torchrun stops every rank when
+        # one dies) is delivered only now, so the record and the one-line error are complete
+        watch.release()
         logging.getLogger().removeHandler(handler)
         handler.close()
     eps = result["epsilon"]

@@ -45,6 +45,7 @@ class PreemptionWatch:
     def __init__(self) -> None:
         self.signal: int | None = None
         self._previous: dict[int, Any] = {}
+        self._handed_over = False
 
     def install(self) -> PreemptionWatch:
         """Handle the preemption signals (main thread only; elsewhere this is a no-op)."""
@@ -67,10 +68,21 @@ class PreemptionWatch:
             for sig, handler in self._previous.items():
                 signal.signal(sig, handler)
 
+    def release(self) -> None:
+        """Restore the earlier handlers; a signal that was noted but not acted on (it came
+        after the last step, e.g. while a failure was being recorded) is then delivered to
+        them, so it is deferred, never lost. SIGTERM's default then ends the process."""
+        pending = None if self._handed_over else self.signal
+        self.restore()
+        if pending is not None and threading.current_thread() is threading.main_thread():
+            self._handed_over = True
+            signal.raise_signal(pending)
+
     def hand_over(self) -> None:
         """Restore the earlier handlers and call the one of the signal received, if it is a
         function (submitit's checkpoint-and-requeue); it may exit the process."""
         previous: Callable | Any = self._previous.get(self.signal) if self.signal else None
+        self._handed_over = True
         self.restore()
         if callable(previous):
             previous(self.signal, None)

@@ -143,3 +143,44 @@ def test_a_preempted_submitit_job_is_requeued_and_resumes(tmp_path):
     assert got["status"] == "completed"
     assert [c["when"] for c in got["engine_check"]["checks"]] == ["start", "resume"]
     _same_run(got, json.loads((reference / "results.json").read_text()))
+
+
+# A launcher's SIGTERM arriving while a failure is being recorded: torchrun stops the other
+# ranks as soon as one dies, often just after the survivor's collective has failed. The run
+# here fails at its third step; the SIGTERM comes while its failed record is being written.
+_SIGTERM_WHILE_RECORDING = """
+import os, signal, sys
+import dpbench.cli as cli
+from dpbench.training.loop import Trainer
+from dpbench.errors import DPBenchError
+
+step = Trainer.train_step
+def failing_step(self, batch):
+    if self.step == 2:
+        raise DPBenchError("rank 0 of 2: lost contact with another rank (test)")
+    return step(self, batch)
+Trainer.train_step = failing_step
+
+write = cli.write_record
+def write_under_sigterm(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return write(*args, **kwargs)
+cli.write_record = write_under_sigterm
+
+sys.argv = ["dpbench", *sys.argv[1:]]
+cli.main()
+"""
+
+
+def test_a_sigterm_while_a_failure_is_recorded_waits_for_the_record_and_the_line(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", _SIGTERM_WHILE_RECORDING, *RUN,
+                           f"hydra.run.dir={run_dir}"], capture_output=True, text=True,
+                          timeout=300, env=_env(), cwd=tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("dpbench: error:")]
+    assert lines == ["dpbench: error: rank 0 of 2: lost contact with another rank (test)"], \
+        proc.stderr[-2000:]
+    record = json.loads((run_dir / "results.json").read_text())  # complete
+    assert record["status"] == "failed"
+    assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]
+    assert proc.returncode == -signal.SIGTERM  # the signal is deferred, never dropped
