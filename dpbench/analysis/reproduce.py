@@ -123,7 +123,8 @@ def _claim_seeds(text: str) -> dict[str, int]:
 def run_jobs(jobs: list[dict], dry_run: bool) -> None:
     """Run each sweep (a failing run is recorded by dpbench and the others go on)."""
     for job in jobs:
-        job["folder"].mkdir(parents=True, exist_ok=True)
+        if not dry_run:
+            job["folder"].mkdir(parents=True, exist_ok=True)
         if "tune" in job:
             from dpbench.tune.cli import command_line, tune
 
@@ -249,17 +250,21 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(paper)
         out = args.out / "reproduce" / args.scale / paper
         start = time.perf_counter()
+        if args.dry_run:  # the commands only: no folder, table or claim is written
+            run_jobs(sweep_commands(spec, args, out), dry_run=True)
+            continue
         if not args.claims_only:
-            run_jobs(sweep_commands(spec, args, out), args.dry_run)
-            if not args.dry_run:
-                timings[paper] = time.perf_counter() - start
-                # kept beside the runs, so a later --claims-only rebuild still shows it
-                (out / WALL_TIME_NAME).write_text(json.dumps(
-                    {"seconds": timings[paper], "jobs": args.jobs,
-                     "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}))
+            run_jobs(sweep_commands(spec, args, out), dry_run=False)
+            timings[paper] = time.perf_counter() - start
+            # kept beside the runs, so a later --claims-only rebuild still shows it
+            (out / WALL_TIME_NAME).write_text(json.dumps(
+                {"seconds": timings[paper], "jobs": args.jobs,
+                 "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}))
         if out.exists():
             (out / "tables.md").write_text(paper_tables(spec, out))
             paper_plots(spec, out)
+    if args.dry_run:
+        return 0
     root = args.out / "reproduce" / args.scale
     rows = adjust([row for paper in PAPERS for row in paper_claims(
         paper, load_spec(paper), root / paper)])
