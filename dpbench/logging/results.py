@@ -13,8 +13,12 @@ from dpbench.privacy.selection import search_and_run_epsilon
 from dpbench.training.loop import Callback, Trainer
 
 
-def run_record(cfg: DictConfig, summary: dict[str, Any], status: str) -> dict[str, Any]:
-    record = {**base_record(cfg), **summary, "status": status}
+def run_record(cfg: DictConfig, summary: dict[str, Any], status: str,
+               base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return the record of a run: ``base`` (``base_record(cfg)``, computed if not given),
+    the trainer's summary and the status."""
+    record = {**(base_record(cfg) if base is None else base), **summary, "status": status}
+    record["tuning"] = dict(record["tuning"])  # a shared ``base`` is never modified
     tuning = cfg.get("tuning")
     if tuning is not None and tuning.get("mode") == "accounted" and summary.get("private"):
         record["tuning"]["total_epsilon"] = search_and_run_epsilon(
@@ -32,10 +36,16 @@ class ResultsStore(Callback):
 
     def __init__(self, cfg: DictConfig, run_dir: Path) -> None:
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        self._base: dict[str, Any] | None = None  # the config's fields, resolved once a run
+
+    def _record(self, summary: dict[str, Any], status: str) -> dict[str, Any]:
+        if self._base is None:
+            self._base = base_record(self.cfg)
+        return run_record(self.cfg, summary, status, self._base)
 
     def on_epoch_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if trainer.epoch < trainer.settings.epochs:
-            write_record(self.run_dir, run_record(self.cfg, trainer.summary(), RUNNING))
+            write_record(self.run_dir, self._record(trainer.summary(), RUNNING))
 
     def on_run_end(self, trainer: Trainer, result: dict[str, Any]) -> None:
-        write_record(self.run_dir, run_record(self.cfg, result, COMPLETED))
+        write_record(self.run_dir, self._record(result, COMPLETED))
