@@ -99,3 +99,28 @@ def test_opacus_per_example_gradients_match_one_at_a_time(mode, dp_aware):
         assert_matches_reference(p.grad_sample, expected, dtype=torch.float32,
                                  reduction=L * 4 * 8, per_row=True, name=name)
     gsm._close()
+
+
+@pytest.mark.parametrize("m", [1.0, 0.4])
+def test_one_shared_bound_squashes_the_joined_output_to_the_same_numbers(m):
+    """With M_gamma = M_beta = M_alpha the six modulations are squashed in one op; the values
+    and the gradients are bit-equal to squashing each chunk with its own M (eq. of the
+    bounded modulation, M tanh(x / M))."""
+    bounds = Bounds(True, c_max=100.0, m_gamma=m, m_beta=m, m_alpha=m)
+    block = AdaLNZeroBlock(8, 2, 2.0, bounds)
+    _randomise(block, std=3.0)
+    c = 5 * torch.randn(5, L, 8)
+
+    def per_chunk():
+        g1, b1, a1, g2, b2, a2 = block.modulation(c).chunk(6, dim=-1)
+        return [m * torch.tanh(t / m) for t in (g1, b1, a1, g2, b2, a2)]
+
+    outputs, grads = [], []
+    for fn in (lambda: list(block.modulations(c)), per_chunk):
+        block.zero_grad()
+        out = fn()
+        sum((k + 1) * t.square().sum() for k, t in enumerate(out)).backward()
+        outputs.append(out)
+        grads.append([p.grad.clone() for p in block.modulation.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*outputs))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
