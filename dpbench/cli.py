@@ -21,13 +21,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback as HydraCallback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.config.schema import TrainerConfig, check_seed, register_schemas
+from dpbench.config.entry import hydra_entry
+from dpbench.config.schema import TrainerConfig, check_seed
 from dpbench.errors import ConfigError, DataError, DPBenchError
 from dpbench.logging.records import COMPLETED, RESULTS_NAME, failed_record, write_record
 from dpbench.training.distributed import (
@@ -39,7 +39,6 @@ from dpbench.training.distributed import (
 )
 from dpbench.training.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionWatch
 from dpbench.tune.choices import apply_tuned
-from dpbench.utils.conf import CONF_DIR
 from dpbench.utils.io import (
     atomic_write_bytes,
     make_dirs,
@@ -48,12 +47,10 @@ from dpbench.utils.io import (
     take_created,
 )
 from dpbench.utils.lock import RunDirLock
-from dpbench.utils.paths import check_path_values, check_run_dir, register_path_resolver
+from dpbench.utils.paths import check_path_values, check_run_dir
 from dpbench.utils.threads import apply_threads, torch_threads
 
 log = logging.getLogger("dpbench")
-register_schemas()
-register_path_resolver()
 
 def _print_error(message: str) -> None:
     """Print ``message`` as the one line ``dpbench: error: ...`` (inner newlines joined)."""
@@ -431,7 +428,7 @@ def _resume(trainer) -> None:
                         "move it away to start afresh") from err
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+@hydra_entry("config")
 def hydra_main(cfg: DictConfig) -> None:
     run_job(cfg)
 

@@ -22,7 +22,7 @@ try:
 except ImportError:  # the dev extra is absent
     pass
 
-from dpbench.cli import CONF_DIR
+from dpbench.utils.conf import CONF_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = ["logger=none", "trainer.progress=false", "trainer.device=cpu"]

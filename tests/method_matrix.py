@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dpbench.cli import CONF_DIR
 from dpbench.methods import get_method, method_names
+from dpbench.utils.conf import CONF_DIR
 from tests.fixtures.synthetic import method_matrix_root
 
 #: shared by every entry: real data, no data root, one epoch, no checkpoint, quiet

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from dpbench.cli import CONF_DIR
 from dpbench.config.schema import PrivacyConfig, TrainerConfig
 from dpbench.errors import ConfigError
+from dpbench.utils.conf import CONF_DIR
 from tests.conftest import compose_config
 
 GROUPS = ["method", "dataset", "model", "privacy", "trainer", "logger", "experiment"]

@@ -14,15 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from dpbench.audit.canaries import AuditSettings, CanaryRun
+from dpbench.config.entry import hydra_entry
 from dpbench.errors import ConfigError, DPBenchError
 from dpbench.logging.records import COMPLETED, write_record
 from dpbench.logging.results import run_record
-from dpbench.utils.conf import CONF_DIR
 from dpbench.utils.io import remove_if_fresh
 from dpbench.utils.paths import check_path_values, check_run_dir
 
@@ -89,7 +88,7 @@ def check_audit_folder(run_dir: Path) -> None:
                           "); an audit writes only into an empty folder or an earlier audit's")
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="audit")
+@hydra_entry("audit")
 def hydra_main(cfg: DictConfig) -> None:
     from dpbench.utils.lock import RunDirLock
 

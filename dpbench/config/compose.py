@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig
 
-from dpbench.config.schema import register_schemas
+from dpbench.config.entry import prepare_hydra
 from dpbench.errors import ConfigError
 from dpbench.utils.conf import CONF_DIR
 
@@ -21,7 +21,7 @@ def compose_config(overrides: Sequence[str] = (), config_name: str = "config") -
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    register_schemas()
+    prepare_hydra()
     overrides = list(overrides)
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):

@@ -8,8 +8,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from dpbench.audit.cli import audit_settings, hydra_main, run_audit
-from dpbench.cli import CONF_DIR
 from dpbench.errors import ConfigError
+from dpbench.utils.conf import CONF_DIR
 from tests.cli_helpers import QUIET_CLI, run_cli
 from tests.method_matrix import all_methods, is_private, method_overrides
 

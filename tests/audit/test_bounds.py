@@ -34,7 +34,7 @@ def _default_settings():
     from omegaconf import OmegaConf
 
     from dpbench.audit.canaries import AuditSettings
-    from dpbench.cli import CONF_DIR
+    from dpbench.utils.conf import CONF_DIR
 
     node = OmegaConf.load(f"{CONF_DIR}/audit/one_run.yaml")
     node.seed = 0

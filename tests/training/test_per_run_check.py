@@ -183,8 +183,8 @@ def test_the_audit_and_a_cached_prefix_run_the_check():
     from hydra import compose, initialize_config_dir
 
     from dpbench.audit.cli import run_audit
-    from dpbench.cli import CONF_DIR
     from dpbench.training.prefix_cache import PrefixCachedModel
+    from dpbench.utils.conf import CONF_DIR
     from tests.cli_helpers import QUIET_CLI
     from tests.method_matrix import method_overrides
     from tests.training.test_prefix_cache import _run as _cached_run
