@@ -144,6 +144,14 @@ def dp_event_for(sampling: Sampling, history: Iterable[tuple[float, float, int]]
 
     The one place where dpbench states a run's mechanism as dp-accounting events (see the
     module docstring); ``sampling_epsilon`` computes what these events spend.
+
+    Convention: each ``GaussianDpEvent``'s multiplier is relative to the largest shift of
+    the released sum between neighbours (C under add/remove, 2C under replace-one), the
+    convention of dp-accounting's RDP accountant under every relation. dp-accounting's PLD
+    accountant under ``REPLACE_ONE`` doubles a Gaussian's sensitivity itself (its
+    ``AdjacencyType.REPLACE``), so these events are composed by RDP, or by PLD under
+    ``ADD_OR_REMOVE_ONE`` (a Gaussian's shift is then its sensitivity), never by PLD under
+    ``REPLACE_ONE`` (that would count the factor 2 twice; see ``events_relation``).
     """
     from dp_accounting import dp_event as ev
 
@@ -179,6 +187,14 @@ def epoch_noise(sampling: Sampling, history: Iterable[tuple[float, float, int]])
                 out[-1] = min(out[-1], float(sigma))
             done += 1
     return out
+
+
+def events_relation(sampling: Sampling) -> Any:
+    """Return the dp-accounting relation to compose ``dp_event_for``'s events under: the
+    run's own where the event has a sampling step (it changes what sampling does), and
+    ``ADD_OR_REMOVE_ONE`` for the plain Gaussians of ``shuffle`` (see ``dp_event_for``)."""
+    return neighbouring_relation(ADD_REMOVE if sampling.sampler == "shuffle"
+                                 else sampling.neighbouring)
 
 
 def neighbouring_relation(relation: str) -> Any:
