@@ -163,3 +163,24 @@ def test_every_sampler_has_a_default_relation_it_accepts():
     assert resolve_sampling("poisson", None, "pld") == ADD_REMOVE
     assert resolve_sampling("fixed_size", None, "rdp") == REPLACE_ONE
     assert resolve_sampling("shuffle", None, "pld") == REPLACE_ONE
+
+
+def test_a_search_composes_shuffled_runs_as_their_epochs_and_refuses_fixed_size():
+    from dpbench.privacy.composition import compose_ledgers
+    from dpbench.privacy.ledger import PrivacyLedger, Query
+
+    def ledger(sampling: Sampling, steps: int) -> list[dict]:
+        led = PrivacyLedger()
+        for _ in range(steps):
+            led.record(0.1, [Query("gradient", 1.0, 2.0)], sampling.to_json())
+        return led.to_json()
+
+    shuffle = Sampling("shuffle", REPLACE_ONE, 100, 10, 10)
+    one = _accounted(shuffle, "pld", 2.0, 20)
+    two = compose_ledgers([ledger(shuffle, 20), ledger(shuffle, 20)], DELTA, "pld")
+    acc = PrivacyAccountant("pld", shuffle)
+    acc.step(2.0, 0.1, count=40)  # four epochs at sigma 2: the two runs' composition
+    assert one < two == pytest.approx(acc.get_epsilon(DELTA), rel=1e-9)
+    with pytest.raises(ConfigError, match="^trainer.sampler=fixed_size"):
+        compose_ledgers([ledger(Sampling("fixed_size", REPLACE_ONE, 100, 10, 10), 5)], DELTA,
+                        "rdp")
