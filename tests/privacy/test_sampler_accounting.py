@@ -53,7 +53,8 @@ def test_fixed_size_equals_dp_accounting_rdp_without_replacement(n, batch, sigma
 
 
 @pytest.mark.parametrize("n,batch,sigma,epochs", [
-    (1438, 128, 3.9, 2), pytest.param(50000, 500, 1.0, 20, marks=pytest.mark.slow)])
+    (1438, 128, 3.9, 2), (5000, 100, 1.5, 5),
+    pytest.param(50000, 500, 1.0, 20, marks=pytest.mark.slow)])
 def test_shuffle_equals_one_gaussian_per_epoch(n, batch, sigma, epochs):
     spe = n // batch
     sampling = Sampling("shuffle", REPLACE_ONE, n, batch, spe)
