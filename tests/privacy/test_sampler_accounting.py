@@ -185,3 +185,22 @@ def test_a_search_composes_shuffled_runs_as_their_epochs_and_refuses_fixed_size(
     with pytest.raises(ConfigError, match="^trainer.sampler=fixed_size"):
         compose_ledgers([ledger(Sampling("fixed_size", REPLACE_ONE, 100, 10, 10), 5)], DELTA,
                         "rdp")
+
+
+@pytest.mark.parametrize("sampler,accountant", [("shuffle", "pld"), ("fixed_size", "rdp")])
+def test_the_audit_claims_the_samplers_valid_epsilon(sampler, accountant):
+    from types import SimpleNamespace
+
+    from dpbench.audit.canaries import planned_epsilon
+    from dpbench.privacy.plan import plan_privacy
+
+    privacy = SimpleNamespace(enabled=True, delta=None, noise_multiplier=1.0,
+                              target_epsilon=None, accountant=accountant, neighbouring=None)
+    trainer = SimpleNamespace(batch_size=100, epochs=2, sampler=sampler)
+    plan = plan_privacy(privacy, trainer, 1000, True)
+    claimed = planned_epsilon(plan)
+    sampling = Sampling(sampler, REPLACE_ONE, 1000, 100, 10)
+    assert plan.sampling == sampling
+    assert claimed == _accounted(sampling, accountant, 1.0, 20)
+    assert plan.delta == DELTA
+    assert claimed > epsilon_if_poisson(accountant, [(1.0, 0.1, 20)], DELTA)
