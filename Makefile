@@ -7,7 +7,8 @@ STAMP   := $(VENV)/.installed
 .DEFAULT_GOAL := help
 
 .PHONY: help setup lock demo test test-numerics test-data test-device test-full lint format bench clean privacy-audit reproduce reproduce-fiber \
-        reproduce-dp-adaln reproduce-bounded-adaclip reproduce-dp-ivon reproduce-spectral
+        reproduce-dp-adaln reproduce-bounded-adaclip reproduce-dp-ivon reproduce-spectral \
+        reproduce-samplers
 
 
 help:  ## list the targets
@@ -94,7 +95,7 @@ clean:  ## remove run outputs (keeps .venv)
 
 REPRODUCE := $(BIN)/python -m dpbench.analysis.reproduce
 
-reproduce: $(STAMP)  ## the five CPU-scale reproductions, then outputs/claims/claims.md (one claim a row)
+reproduce: $(STAMP)  ## every CPU-scale reproduction spec, then outputs/claims/claims.md (one claim a row)
 	$(REPRODUCE) all $(ARGS)
 
 reproduce-fiber: $(STAMP)  ## FIBER/DiSK/DP-AdamBC vs DP-AdamW, lr tuned per epsilon, + ablation (CPU)
@@ -111,3 +112,6 @@ reproduce-spectral: $(STAMP)  ## spectral denoising vs DP-LoRA on SST-2: steps t
 
 reproduce-dp-adaln: $(STAMP)  ## DP-aware AdaLN-Zero vs DP-vanilla, ETTh1 imputation (CPU)
 	$(REPRODUCE) dp_adaln $(ARGS)
+
+reproduce-samplers: $(STAMP)  ## Poisson vs fixed-size vs shuffled batches at equal valid epsilon / noise (CPU)
+	$(REPRODUCE) samplers $(ARGS)

@@ -26,6 +26,7 @@ from dpbench.data.base import TaskData, carve_validation
 from dpbench.errors import ConfigError
 from dpbench.methods import get_method
 from dpbench.models import get_model_builder
+from dpbench.privacy.samplers import resolve_sampling
 from dpbench.tasks import get_task
 from dpbench.training.distributed import Collective
 from dpbench.training.loop import Callback, Trainer
@@ -113,6 +114,9 @@ def build_trainer(cfg: DictConfig, run_dir: str | Path | None,
     privacy = _typed(PrivacyConfig, cfg.privacy, "privacy")
     trainer_cfg = _typed(TrainerConfig, cfg.trainer, "trainer")
     check_privacy_matches_method(cfg.method.name, get_method(cfg.method.name).private, privacy)
+    # the sampler, relation and accountant agree (docs/sampling.md), before any data is read
+    resolve_sampling(trainer_cfg.sampler, privacy.neighbouring, privacy.accountant,
+                     privacy.enabled and get_method(cfg.method.name).private)
     check_method_numbers(_settings(cfg.method.get("optimizer")),
                          _settings(cfg.method.get("settings")))
     method = build_method(cfg)

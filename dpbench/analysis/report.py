@@ -86,6 +86,21 @@ def audit_summary(frame: pd.DataFrame) -> pd.DataFrame | None:
         audit_power=("audit_power", _fmt), runs=("epsilon_lower", "size"))
 
 
+def sampler_gap(frame: pd.DataFrame) -> pd.DataFrame | None:
+    """Return, per non-Poisson run cell, the valid epsilon next to the Poisson figure (NOT
+    valid for those runs) and the lower bound (docs/sampling.md); None if every run is
+    Poisson."""
+    if "epsilon_if_poisson" not in frame or not frame["epsilon_if_poisson"].notna().any():
+        return None
+    runs = frame[frame["epsilon_if_poisson"].notna()]
+    runs = runs.assign(eps=runs.apply(row_eps_label, axis=1))
+    return runs.groupby(["label", "dataset", "model", "eps", "neighbouring"],
+                        dropna=False).agg(
+        epsilon_valid=("epsilon", _fmt),
+        epsilon_if_poisson_NOT_VALID=("epsilon_if_poisson", _fmt),
+        epsilon_lower_bound=("epsilon_lower_bound", _fmt), runs=("epsilon", "size"))
+
+
 def build_report(root: str | Path, metric: str = "accuracy",
                  baseline: str | None = None) -> tuple[pd.DataFrame, str]:
     """Write the report files into ``root``; return (runs frame, markdown text)."""
@@ -110,6 +125,12 @@ def build_report(root: str | Path, metric: str = "accuracy",
                      "95 % CI, verdict):\n\n"
                      + (markdown_table(versus.drop(columns=["ci_low", "ci_high"]))
                         if not versus.empty else f"(no {markdown_text(baseline)} runs to pair)"))
+    gap = sampler_gap(readable) if not readable.empty else None
+    if gap is not None:
+        markdown += ("\n\nSamplers other than Poisson: the valid epsilon, the epsilon a "
+                     "Poisson accountant would claim for the same noise (NOT valid for these "
+                     "runs) and a lower bound on any valid one (docs/sampling.md):\n\n"
+                     + markdown_table(gap.reset_index()))
     audit = audit_summary(audits) if not audits.empty else None
     if audit is not None:
         markdown += ("\n\nEmpirical audit (epsilon_lower must not exceed epsilon_claimed; "

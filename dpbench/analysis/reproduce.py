@@ -1,7 +1,7 @@
 """``dpbench-reproduce``: run a paper's reproduction from its spec, then its tables and claims.
 
     dpbench-reproduce fiber                      # one paper, CPU scale
-    dpbench-reproduce all --jobs 2               # the five papers, two runs at a time
+    dpbench-reproduce all --jobs 2               # every spec, two runs at a time
     dpbench-reproduce fiber --scale paper        # the paper's own scale (GPU)
     dpbench-reproduce all --claims-only          # rebuild claims.md from finished runs
 
@@ -10,7 +10,7 @@ sweeps, or tuned per cell with ``dpbench-tune``), the table columns and the pape
 (``dpbench.analysis.claims``). Every paper shares the options below (output folder, seeds,
 parallelism, data root). Runs are resumed: rerunning skips finished runs and searches.
 Writes ``OUT/reproduce/<scale>/<paper>/<sweep>/...`` with ``tables.md`` beside, and
-``OUT/claims/claims.md`` (every claim of the five papers, from whatever runs exist).
+``OUT/claims/claims.md`` (every claim of every spec, from whatever runs exist).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dpbench.tune.choices import CHOICES_NAME
 
 log = logging.getLogger("dpbench.reproduce")
 SPEC_DIR = Path(__file__).resolve().parents[2] / "conf" / "reproduce"
-PAPERS = ("bounded_adaclip", "fiber", "dp_ivon", "spectral", "dp_adaln")
+PAPERS = ("bounded_adaclip", "fiber", "dp_ivon", "spectral", "dp_adaln", "samplers")
 _QUIET = ["logger=none", "trainer.progress=false"]
 WALL_TIME_NAME = "wall_time.json"
 
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     from dpbench.analysis.plots import forest_plots
 
     figures = forest_plots(rows, claims_dir)
-    text = (f"# Claims of the five papers, dpbench at {args.scale} scale\n\n"
+    text = (f"# Claims of the reproduction specs, dpbench at {args.scale} scale\n\n"
             + claims_markdown(rows, [f.name for f in figures]) + seeds_hint(rows)
             + wall_time_markdown(recorded_wall_times(root)))
     (claims_dir / "claims.md").write_text(text)

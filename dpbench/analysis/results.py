@@ -30,7 +30,8 @@ from dpbench.utils.safe_json import UnsafeFile, read_json
 _SCALARS = ("method", "method_name", "dataset", "model", "privacy", "seed", "run_name",
             "target_epsilon", "epsilon", "delta", "noise_multiplier", "sample_rate", "steps",
             "accountant", "status", "error", "wall_time_s", "private", "grad_sample_mode",
-            "tuning_mode", "tuned_lr", "total_epsilon", "evaluation_split")
+            "tuning_mode", "tuned_lr", "total_epsilon", "evaluation_split", "sampler",
+            "neighbouring", "epsilon_if_poisson", "epsilon_lower_bound")
 
 
 #: the status of a file the reader could not use (it is no status a run writes)
@@ -161,7 +162,8 @@ def load_frame(root: str | Path) -> pd.DataFrame:
     """Return one row per results.json under ``root``, unreadable ones with status 'unreadable'.
 
     Adds ``label`` (the method's display name; a private method run without privacy is
-    marked ``(non-private)``) and ``tuning`` (``default`` when the run was not tuned).
+    marked ``(non-private)``, one with batches other than Poisson names its sampler, e.g.
+    ``dpsgd [shuffle]``) and ``tuning`` (``default`` when the run was not tuned).
     """
     rows = []
     for record in load_records(root, status=None, unreadable=True):
@@ -178,6 +180,9 @@ def load_frame(root: str | Path) -> pd.DataFrame:
     name = frame["method_name"].fillna(frame["method"]).fillna("?")
     nonpriv = (frame["method"] == "nonprivate") & (name != "nonprivate")
     frame["label"] = name.where(~nonpriv, name + " (non-private)")
+    other = frame["sampler"].notna() & (frame["sampler"] != "poisson")
+    frame["label"] = frame["label"].where(~other, frame["label"] + " [" +
+                                          frame["sampler"].astype(str) + "]")
     frame["tuning"] = frame["tuning_mode"].fillna("default")
     return frame
 

@@ -129,7 +129,7 @@ def planned_epsilon(plan: PrivacyPlan) -> float:
     """Return the epsilon the run will claim: its target, or the planned steps' epsilon."""
     if plan.target_epsilon is not None:
         return float(plan.target_epsilon)
-    acc = PrivacyAccountant(plan.accountant)
+    acc = PrivacyAccountant(plan.accountant, plan.sampling)
     acc.step(noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate,
              count=plan.total_steps)
     return acc.get_epsilon(plan.delta)

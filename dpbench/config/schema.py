@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 
 from dpbench.errors import ConfigError
 from dpbench.privacy.accountant import DEFAULT_ACCOUNTANT, check_accountant
+from dpbench.privacy.samplers import DEFAULT_SAMPLER, check_neighbouring, check_sampler
 from dpbench.utils.conf import GRAD_SAMPLE_MODES, PRECISIONS, REFUSED_PRECISIONS
 
 #: the smallest privacy.delta accepted: at 1e-15 the PLD accountant already returns inf and
@@ -59,8 +60,11 @@ class PrivacyConfig:
     accountant: str = DEFAULT_ACCOUNTANT  # pld | prv | rdp (docs/accounting.md)
     clip_norm: float = 1.0
     noise_multiplier: float | None = None  # fixed sigma instead of a target epsilon
+    #: add_remove | replace_one | null (the sampler's own): docs/sampling.md
+    neighbouring: str | None = None
 
     def __post_init__(self) -> None:
+        check_neighbouring(self.neighbouring)
         if not self.enabled:
             ignored = [f"privacy.{k}={v!r}" for k, v in (
                 ("target_epsilon", self.target_epsilon),
@@ -116,8 +120,10 @@ class TrainerConfig:
     progress: bool = True
     cache_frozen_prefix: str = "auto"  # auto | on | off: train on cached frozen-prefix outputs
     precision: str = PRECISIONS[0]  # 32-true | bf16-mixed (a bf16 forward, float32 mechanism)
+    sampler: str = DEFAULT_SAMPLER  # poisson | fixed_size | shuffle (docs/sampling.md)
 
     def __post_init__(self) -> None:
+        check_sampler(self.sampler)
         if not isinstance(self.epochs, int) or self.epochs < 1:
             raise ConfigError(f"trainer.epochs must be an integer >= 1 (got {self.epochs!r})")
         if self.batch_size < 1:

@@ -30,6 +30,7 @@ from dpbench.privacy.accountant_opacus import (
     rdp_epsilon,
 )
 from dpbench.privacy.accountant_pld import Group, canonical_groups, pld_epsilon
+from dpbench.privacy.samplers import Sampling, sampling_epsilon
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +123,15 @@ class PrivacyAccountant:
 
     The history is the whole state, so ``load_state_dict`` continues the same accountant.
     Epsilons are memoised per (history, delta) and computed per distinct (sigma, q) group.
+    ``sampling``: the batch sampler the steps ran under (``samplers.py``; Poisson if None),
+    which decides the events the history is accounted as.
     """
 
-    def __init__(self, mechanism: str = DEFAULT_ACCOUNTANT) -> None:
+    def __init__(self, mechanism: str = DEFAULT_ACCOUNTANT,
+                 sampling: Sampling | None = None) -> None:
         check_accountant(mechanism)
         self.mechanism = mechanism
+        self.sampling = sampling or Sampling()
         self.history: list[tuple[float, float, int]] = []
 
     def step(self, noise_multiplier: float, sample_rate: float, count: int = 1) -> None:
@@ -148,19 +153,25 @@ class PrivacyAccountant:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                return epsilon(self.mechanism, self.history, delta)
+                return sampling_epsilon(self.sampling, self.mechanism, self.history, delta,
+                                        epsilon)
         except Exception as err:
             if self.mechanism != "prv":
                 raise
             log.warning("PRV epsilon failed (%s); reporting the PLD epsilon instead", err)
             self.mechanism = "pld"
-            return epsilon("pld", self.history, delta)
+            return sampling_epsilon(self.sampling, "pld", self.history, delta, epsilon)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"mechanism": self.mechanism, "history": list(self.history)}
+        return {"mechanism": self.mechanism, "history": list(self.history),
+                "sampling": self.sampling.to_json()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_accountant(state["mechanism"])
+        saved = Sampling(**state["sampling"]) if state.get("sampling") else None
+        if saved != self.sampling and not (saved is None and self.sampling.poisson):
+            raise ConfigError(f"the checkpoint's accountant ran under {saved}, not this run's "
+                              f"{self.sampling}; resume with the same trainer.sampler")
         self.mechanism = state["mechanism"]
         self.history = [(float(s), float(q), int(n)) for s, q, n in state["history"]]
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+from collections.abc import Callable
 
 from dpbench.errors import ConfigError
 from dpbench.privacy.accountant import (
@@ -25,6 +26,7 @@ from dpbench.privacy.accountant import (
     check_accountant,
     epsilon,
 )
+from dpbench.privacy.samplers import Sampling, sampling_epsilon
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,8 @@ def _first_guess(target_epsilon: float, delta: float, sample_rate: float, steps:
 
 
 def calibrate_noise_multiplier(
-    target_epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str
+    target_epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str,
+    sampling: Sampling | None = None,
 ) -> tuple[float, str]:
     """Return (sigma, accountant used) so that ``steps`` steps at rate q spend <= target_epsilon.
 
@@ -52,6 +55,9 @@ def calibrate_noise_multiplier(
     the PLD sigma is returned with "pld" (logged).
     Raises ConfigError naming ``privacy.target_epsilon`` when no sigma in the searched range
     meets the target, or the smallest already does.
+
+    ``sampling``: a sampler other than Poisson (``samplers.py``) is calibrated directly with
+    the accountant that will report it, on its own events.
     """
     check_accountant(accountant)
     if not (0 < target_epsilon < math.inf and 0 < delta < 1 and 0 < sample_rate <= 1
@@ -59,6 +65,11 @@ def calibrate_noise_multiplier(
         raise ConfigError(f"privacy.target_epsilon={target_epsilon} cannot be calibrated "
                           f"(delta={delta}, q={sample_rate}, steps={steps})")
     args = (target_epsilon, delta, sample_rate, steps)
+    if sampling is not None and not sampling.poisson:
+        def spend(sigma: float) -> float:
+            return sampling_epsilon(sampling, accountant, [(sigma, sample_rate, steps)], delta,
+                                    epsilon)
+        return _calibrate(*args, accountant, None, spend), accountant
     # PLD first: it is the cheapest, and the others land close to its sigma (a good guess)
     sigma_pld, refused = None, None
     try:
@@ -83,8 +94,11 @@ def calibrate_noise_multiplier(
 
 
 def _calibrate(target: float, delta: float, q: float, steps: int, accountant: str,
-               guess: float | None) -> float:
-    """Return the bracket's upper end once it spends within tolerance of the target."""
+               guess: float | None, spend: Callable[[float], float] | None = None) -> float:
+    """Return the bracket's upper end once it spends within tolerance of the target.
+
+    ``spend(sigma)``: the epsilon of the run at ``sigma`` (default: ``steps`` Poisson steps
+    at rate q by ``accountant``)."""
     calls = 0
 
     def spent(sigma: float) -> float:
@@ -92,6 +106,8 @@ def _calibrate(target: float, delta: float, q: float, steps: int, accountant: st
         calls += 1
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            if spend is not None:
+                return spend(sigma)
             return epsilon(accountant, [(sigma, q, steps)], delta)
 
     where = f"at q={q:.4g}, {steps} steps, delta={delta:.3g} ({accountant} accountant)"

@@ -42,6 +42,9 @@ class LedgerEntry:
     noise_multiplier: float
     queries: list[dict[str, Any]]
     steps: int = 0
+    #: the sampler the steps ran under, when not Poisson (``samplers.Sampling.to_json``:
+    #: sampler, neighbouring relation, N, B, steps per epoch), so epsilon can be re-derived
+    sampling: dict[str, Any] | None = None
 
 
 @dataclass
@@ -50,8 +53,11 @@ class PrivacyLedger:
 
     entries: list[LedgerEntry] = field(default_factory=list)
 
-    def record(self, sample_rate: float, queries: list[Query]) -> float:
-        """Enter one step's queries; return the combined noise multiplier to account."""
+    def record(self, sample_rate: float, queries: list[Query],
+               sampling: dict[str, Any] | None = None) -> float:
+        """Enter one step's queries; return the combined noise multiplier to account.
+
+        ``sampling``: the run's sampler when it is not Poisson (kept in the entry)."""
         sigma = combined_noise_multiplier(queries)
         qs = [
             {"name": q.name, "sensitivity": q.sensitivity, "noise_std": q.noise_std,
@@ -64,11 +70,12 @@ class PrivacyLedger:
             and last.sample_rate == sample_rate
             and math.isclose(last.noise_multiplier, sigma, rel_tol=1e-9)
             and [q["name"] for q in last.queries] == [q["name"] for q in qs]
+            and last.sampling == sampling
         )
         if same:
             last.steps += 1
         else:
-            self.entries.append(LedgerEntry(sample_rate, sigma, qs, 1))
+            self.entries.append(LedgerEntry(sample_rate, sigma, qs, 1, sampling))
         return sigma
 
     @property
@@ -76,7 +83,9 @@ class PrivacyLedger:
         return sum(e.steps for e in self.entries)
 
     def to_json(self) -> list[dict[str, Any]]:
-        return [asdict(e) for e in self.entries]
+        """Entries as dicts; ``sampling`` only where set (Poisson entries are as before)."""
+        return [{k: v for k, v in asdict(e).items() if k != "sampling" or v is not None}
+                for e in self.entries]
 
     def state_dict(self) -> dict[str, Any]:
         return {"entries": self.to_json()}

@@ -17,6 +17,7 @@ from dpbench.privacy.accountant import default_delta as compute_default_delta
 from dpbench.privacy.banded_mf import amplified_equivalent
 from dpbench.privacy.calibration import calibrate_noise_multiplier
 from dpbench.privacy.ledger import combined_noise_multiplier
+from dpbench.privacy.samplers import DEFAULT_SAMPLER, Sampling, resolve_sampling
 
 
 @dataclass
@@ -33,7 +34,8 @@ class PrivacyPlan:
     accountant: str | None
     target_epsilon: float | None
     bands: int = 1  # cyclic Poisson over b partitions: accounted as DP-SGD at b q, T / b steps
-
+    #: the batch sampler and its neighbouring relation (``samplers.py``)
+    sampling: Sampling = Sampling()
 
 
 def plan_privacy(privacy: Any, trainer: Any, dataset_size: int, private: bool,
@@ -45,13 +47,24 @@ def plan_privacy(privacy: Any, trainer: Any, dataset_size: int, private: bool,
 
     ``bands`` = b (cyclic Poisson sampling): sigma is calibrated for the equivalent DP-SGD,
     rate b q and ceil(T / b) steps (``amplified_equivalent``).
+
+    ``trainer.sampler`` (default poisson) and ``privacy.neighbouring`` (default: the
+    sampler's own) are checked against the accountant before anything else
+    (``samplers.resolve_sampling``); every sampler has the same steps per epoch.
     """
     n = dataset_size
+    sampler = getattr(trainer, "sampler", DEFAULT_SAMPLER)
+    relation = resolve_sampling(sampler, getattr(privacy, "neighbouring", None),
+                                privacy.accountant, private and privacy.enabled)
+    if sampler != DEFAULT_SAMPLER and bands is not None:
+        raise ConfigError(f"trainer.sampler={sampler}: this method samples cyclic Poisson "
+                          f"batches over {bands} bands itself; use trainer.sampler=poisson")
     if trainer.batch_size > n:
         raise ConfigError(f"trainer.batch_size must be <= N = {n} training examples "
                           f"(got {trainer.batch_size})")
     q = trainer.batch_size / n
     steps_per_epoch = max(int(1 / q), 1)  # as Opacus's DPDataLoader: int(1 / q) per epoch
+    sampling = Sampling(sampler, relation, n, int(trainer.batch_size), steps_per_epoch)
     total = trainer.epochs * steps_per_epoch
     b = bands or 1
     if b * q > 1:
@@ -65,7 +78,7 @@ def plan_privacy(privacy: Any, trainer: Any, dataset_size: int, private: bool,
     private = private and privacy.enabled
     if not private:
         return PrivacyPlan(False, q, q * n, steps_per_epoch, total, None, 0.0, None,
-                           privacy.target_epsilon, b)
+                           privacy.target_epsilon, b, sampling)
     delta = privacy.delta if privacy.delta is not None else compute_default_delta(n)
     if delta >= 1.0 / n:
         raise ConfigError(f"privacy.delta must be < 1/N = {1.0 / n:.3g} (got {delta:.3g})")
@@ -74,10 +87,10 @@ def plan_privacy(privacy: Any, trainer: Any, dataset_size: int, private: bool,
         check_accountable(sigma, q, total, delta, accountant)
     else:
         sigma, accountant = calibrate_noise_multiplier(
-            privacy.target_epsilon, delta, rate, steps, privacy.accountant)
+            privacy.target_epsilon, delta, rate, steps, privacy.accountant, sampling)
         target = privacy.target_epsilon
     return PrivacyPlan(True, q, q * n, steps_per_epoch, total, delta, sigma, accountant, target,
-                       b)
+                       b, sampling)
 
 
 def account_release(plan: PrivacyPlan, ledger: Any, accountant: Any, step: int,
@@ -95,4 +108,5 @@ def account_release(plan: PrivacyPlan, ledger: Any, accountant: Any, step: int,
     if step % plan.bands:
         return
     rate = plan.bands * plan.sample_rate
-    accountant.step(noise_multiplier=ledger.record(rate, queries), sample_rate=rate)
+    sampling = None if plan.sampling.poisson else plan.sampling.to_json()
+    accountant.step(noise_multiplier=ledger.record(rate, queries, sampling), sample_rate=rate)

@@ -9,6 +9,11 @@ under-reporting accountant shows up as a mismatch. Each ledger entry is ``steps`
 subsampled Gaussian mechanisms at rate q whose queries compose into one Gaussian with
 multiplier (sum_k sigma_k^-2)^(-1/2) (ledger.py), recomputed here from the per-query
 sensitivity and noise std rather than read from the entry.
+
+Entries of a run whose sampler was not Poisson carry it (``sampling``: sampler, neighbouring
+relation, N, B, steps per epoch); they are re-derived from the events ``samplers.dp_event_for``
+states for it, with dp-accounting's PLD accountant, or its RDP accountant under replace-one
+where the PLD accountant has no such event (``fixed_size``): ``ledger_epsilon``.
 """
 
 from __future__ import annotations
@@ -51,3 +56,38 @@ def pld_epsilon(ledger: Iterable[Mapping[str, Any]], delta: float,
         accountant.compose(event, count=int(entry["steps"]))
         any_step = True
     return float(accountant.get_epsilon(delta)) if any_step else 0.0
+
+
+def ledger_epsilon(ledger: list[Mapping[str, Any]], delta: float) -> float:
+    """Return epsilon at ``delta`` re-derived from any run's ledger, its sampler included.
+
+    Poisson entries (no ``sampling``) go to ``pld_epsilon``; a ledger of one other sampler is
+    composed from ``dp_event_for``'s events by dp-accounting directly."""
+    from dpbench.privacy.samplers import Sampling, dp_event_for, events_relation
+
+    specs = {tuple(sorted(e["sampling"].items())) if e.get("sampling") else None
+             for e in ledger}
+    if specs == {None} or not ledger:
+        return pld_epsilon(ledger, delta)
+    if len(specs) != 1:
+        raise ValueError("a ledger mixes samplers; each run has one")
+    sampling = Sampling(**ledger[0]["sampling"])
+    history = [(ledger_noise_multiplier(e), float(e["sample_rate"]), int(e["steps"]))
+               for e in ledger]
+    if any(s == 0.0 for s, _, k in history if k > 0):
+        return math.inf
+    history = [(s, q, k) for s, q, k in history if not math.isinf(s)]
+    if not history:
+        return 0.0
+    relation = events_relation(sampling)
+    if sampling.sampler == "fixed_size":
+        from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+        accountant = rdp.RdpAccountant(neighboring_relation=relation)
+    else:
+        from dp_accounting.pld import pld_privacy_accountant
+
+        accountant = pld_privacy_accountant.PLDAccountant(
+            neighboring_relation=relation, value_discretization_interval=1e-4)
+    accountant.compose(dp_event_for(sampling, history))
+    return float(accountant.get_epsilon(delta))

@@ -142,7 +142,8 @@ class Trainer:
         method.setup(self.params, self.info)
         self.noise_shaper = method.noise_shaper(self.info) if self.plan.private else None
         self.clip_norm = privacy.clip_norm
-        self.accountant = PrivacyAccountant(self.plan.accountant) if self.plan.private else None
+        self.accountant = (PrivacyAccountant(self.plan.accountant, self.plan.sampling)
+                           if self.plan.private else None)
         self.ledger = PrivacyLedger()
         self.generators = {**run_streams(seed, self.device, self.collective.rank
                                          if self.collective.distributed else None),
@@ -152,10 +153,10 @@ class Trainer:
         task.generator = self.generators["task"]
         self.task = with_precision(task, trainer.precision, self.device)  # forward only
         seed_everything(seed, "global")  # what still draws from torch's global RNG (dropout)
-        loader, self.cyclic_sampler = training_loader(
+        loader, self.batch_sampler = training_loader(
             self.data.train, self.plan, seed, self.sampler_generator,
             cyclic=method.participation_bands() is not None)
-        # K processes: the global Poisson mask, each rank its slice (distributed.py)
+        # K processes: the global batch (any sampler), each rank its slice (distributed.py)
         self.train_loader = shard_loader(loader, self.collective)
         self.devices = self.collective.gather_strings(_device_name(self.device))
         self.test_loader = DataLoader(self.data.test, batch_size=trainer.eval_batch_size)

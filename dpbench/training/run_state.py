@@ -46,7 +46,7 @@ def run_state(trainer: Any) -> dict[str, Any]:
         "generators": {name: g.get_state() for name, g in trainer.generators.items()},
         "rng": rng_state(),
         "noise_multiplier": trainer.plan.noise_multiplier,
-        "sampler": trainer.cyclic_sampler.state_dict() if trainer.cyclic_sampler else None,
+        "sampler": trainer.batch_sampler.state_dict() if trainer.batch_sampler else None,
         "noise_shaper": trainer.noise_shaper.state_dict() if trainer.noise_shaper else None,
     }
 
@@ -70,8 +70,8 @@ def restore_run_state(trainer: Any, state: dict[str, Any]) -> None:
         generator = trainer.generators[name]
         generator.set_state(saved.to(generator.get_state().device))
     set_rng_state(state["rng"])
-    if trainer.cyclic_sampler is not None:
-        trainer.cyclic_sampler.load_state_dict(state["sampler"])
+    if trainer.batch_sampler is not None:
+        trainer.batch_sampler.load_state_dict(state["sampler"])
     if trainer.noise_shaper is not None:
         trainer.noise_shaper.load_state_dict(state["noise_shaper"], trainer.device)
     defaults = {"epoch_step": 0, "step_history": [], "unprivatised_history": []}

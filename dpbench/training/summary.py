@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpbench.privacy.gap import gap_record
+
 #: what results.json says about ``unprivatised_diagnostics`` (see docs/privacy-unit-and-streams.md)
 UNPRIVATISED_DIAGNOSTICS_NOTE = (
     "NOT PRIVATISED: computed on the training data without noise (e.g. per-example gradient "
@@ -64,6 +66,11 @@ def run_summary(trainer: Any) -> dict[str, Any]:
         "planned_steps": plan.total_steps,
         "skipped_steps": trainer.skipped_steps,
         "accountant": trainer.accountant.mechanism if trainer.accountant else None,
+        # the batch sampler, its neighbouring relation, and (not Poisson) the gap:
+        # epsilon_if_poisson (NOT valid for the run) and a lower bound (privacy/gap.py)
+        **(gap_record(plan.sampling, trainer.accountant.mechanism, trainer.accountant.history,
+                      plan.delta) if trainer.accountant and trainer.accountant.history else
+           {"sampler": plan.sampling.sampler, "neighbouring": plan.sampling.neighbouring}),
         "clip_norm": trainer.clip_norm if plan.private else None,
         "grad_sample_mode": trainer.grad_sample_mode,
         "dataset_size": len(trainer.data.train),
