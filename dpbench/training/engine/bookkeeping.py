@@ -39,6 +39,7 @@ from dpbench.training.engine.protocol import (
     Point,
     kept_examples,
     per_example_refused,
+    register_engine,
     trainable,
     zero_rows,
 )
@@ -65,6 +66,7 @@ def bk_unsupported(model: nn.Module) -> str | None:
     return None
 
 
+@register_engine
 class BookKeepingEngine:
     """Hooks a model once; returns clipped sums, norms and factors from one backward per point."""
 
