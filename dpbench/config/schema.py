@@ -17,36 +17,20 @@ from dpbench.errors import ConfigError
 from dpbench.privacy.accountant import DEFAULT_ACCOUNTANT, check_accountant
 from dpbench.privacy.samplers import DEFAULT_SAMPLER, check_neighbouring, check_sampler
 from dpbench.utils.conf import GRAD_SAMPLE_MODES, PRECISIONS, REFUSED_PRECISIONS
+from dpbench.utils.ranges import (
+    in_range,
+    int_at_least,
+    is_number,
+    positive,
+    positive_finite,
+    require,
+)
 
 #: the smallest privacy.delta accepted: at 1e-15 the PLD accountant already returns inf and
 #: PRV refuses (floating-point error); 1e-12 is accounted by all three
 MIN_DELTA = 1e-12
 #: the most torch threads a run may ask for (more crashes native libraries at start-up)
 MAX_THREADS = 1024
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _positive(key: str, value: float | None, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if value is None or not _is_number(value) or math.isnan(value) or value <= 0:
-        raise ConfigError(f"{key} must be a number > 0 (got {value!r})")
-
-
-def _positive_finite(key: str, value: float | None) -> None:
-    if not _is_number(value) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{key} must be a finite number > 0 (got {value!r})")
-
-
-def _positive_int(key: str, value: Any, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{key} must be an integer >= 1{' or null' if allow_none else ''} "
-                          f"(got {value!r})")
 
 
 @dataclass
@@ -82,22 +66,20 @@ class PrivacyConfig:
                 f"ignores the target: use privacy=sigma privacy.noise_multiplier=... (target "
                 f"null) or drop privacy.noise_multiplier")
         if self.noise_multiplier is None:
-            _positive("privacy.target_epsilon", self.target_epsilon)
-            if math.isinf(self.target_epsilon):
-                raise ConfigError("privacy.target_epsilon must be finite; use "
-                                  "privacy=nonprivate for a non-private run")
+            positive("privacy.target_epsilon", self.target_epsilon)
+            require(not math.isinf(self.target_epsilon), "privacy.target_epsilon", "finite",
+                    why="; use privacy=nonprivate for a non-private run")
         else:
-            _positive("privacy.noise_multiplier", self.noise_multiplier)
-        if self.delta is not None and not (0 < self.delta < 1):
-            raise ConfigError(f"privacy.delta must be in (0, 1/N) (got {self.delta!r})")
+            positive("privacy.noise_multiplier", self.noise_multiplier)
+        in_range("privacy.delta", self.delta, 0, 1, closed="()", expected="in (0, 1/N)",
+                 allow_none=True)
         if self.delta is not None and self.delta < MIN_DELTA:
             raise ConfigError(f"privacy.delta={self.delta!r} is below {MIN_DELTA:g}, too small "
                               "to account (the PLD accountant returns inf at 1e-15); use a "
                               "delta such as 1/N^1.1, or null (the default)")
-        _positive("privacy.clip_norm", self.clip_norm)
-        if math.isinf(self.clip_norm):
-            raise ConfigError("privacy.clip_norm must be finite (got inf): an infinite bound "
-                              "clips nothing and the noise scaled to it is infinite")
+        positive("privacy.clip_norm", self.clip_norm)
+        require(not math.isinf(self.clip_norm), "privacy.clip_norm", "finite", self.clip_norm,
+                why=": an infinite bound clips nothing and the noise scaled to it is infinite")
         check_accountant(self.accountant)
 
 
@@ -124,30 +106,23 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         check_sampler(self.sampler)
-        if not isinstance(self.epochs, int) or self.epochs < 1:
-            raise ConfigError(f"trainer.epochs must be an integer >= 1 (got {self.epochs!r})")
-        if self.batch_size < 1:
-            raise ConfigError(f"trainer.batch_size must be >= 1 (got {self.batch_size!r})")
-        if self.max_physical_batch_size is not None and self.max_physical_batch_size < 1:
-            raise ConfigError("trainer.max_physical_batch_size must be >= 1 or null")
+        int_at_least("trainer.epochs", self.epochs, 1)
+        require(self.batch_size >= 1, "trainer.batch_size", ">= 1", self.batch_size)
+        require(self.max_physical_batch_size is None or self.max_physical_batch_size >= 1,
+                "trainer.max_physical_batch_size", ">= 1 or null", self.max_physical_batch_size)
         if self.grad_sample_mode not in GRAD_SAMPLE_MODES:
             raise ConfigError(f"trainer.grad_sample_mode must be one of "
                               f"{', '.join(GRAD_SAMPLE_MODES)} (got {self.grad_sample_mode!r})")
-        if self.num_threads is not None and (not isinstance(self.num_threads, int)
-                                             or isinstance(self.num_threads, bool)
-                                             or not 1 <= self.num_threads <= MAX_THREADS):
-            raise ConfigError(f"trainer.num_threads must be an integer in [1, {MAX_THREADS}] "
-                              f"or null (got {self.num_threads!r})")
+        in_range("trainer.num_threads", self.num_threads, 1, MAX_THREADS, integer=True,
+                 allow_none=True)
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"trainer.device must be auto, cpu or cuda[:i] "
                               f"(got {self.device!r})")
         if self.device.startswith("cuda"):
             _check_cuda(self.device)
-        _positive_int("trainer.eval_every", self.eval_every)
-        _positive_int("trainer.eval_batch_size", self.eval_batch_size)
-        if not isinstance(self.eval_every_steps, int) or self.eval_every_steps < 0:
-            raise ConfigError(f"trainer.eval_every_steps must be an integer >= 0 "
-                              f"(got {self.eval_every_steps!r})")
+        int_at_least("trainer.eval_every", self.eval_every, 1)
+        int_at_least("trainer.eval_batch_size", self.eval_batch_size, 1)
+        int_at_least("trainer.eval_every_steps", self.eval_every_steps, 0)
         if self.nonfinite not in ("stop", "skip"):
             raise ConfigError(f"trainer.nonfinite must be stop or skip (got {self.nonfinite!r})")
         if self.precision not in PRECISIONS:
@@ -178,21 +153,19 @@ _DATASET_SIZES = ("train_subset", "train_size", "test_size", "max_train_windows"
 
 def check_seed(seed: Any) -> int:
     """Return ``seed`` if it is an integer in [0, 2**63); else raise ConfigError naming it."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
-        raise ConfigError(f"seed must be an integer in [0, 2**63) (got {seed!r})")
+    in_range("seed", seed, 0, 2**63, closed="[)", integer=True,
+             expected="an integer in [0, 2**63)")
     return seed
 
 
 def check_dataset(settings: dict[str, Any]) -> None:
     """Check the dataset keys every loader shares (split fraction, subset sizes)."""
     if "train_fraction" in settings:
-        fraction = settings["train_fraction"]
-        if not _is_number(fraction) or not 0 < fraction < 1:
-            raise ConfigError(f"dataset.train_fraction must be a number in (0, 1), so that "
-                              f"neither split is empty (got {fraction!r})")
+        in_range("dataset.train_fraction", settings["train_fraction"], 0, 1, closed="()",
+                 expected="a number in (0, 1), so that neither split is empty")
     for key in _DATASET_SIZES:
         if key in settings:
-            _positive_int(f"dataset.{key}", settings[key], allow_none=True)
+            int_at_least(f"dataset.{key}", settings[key], 1, allow_none=True)
 
 
 def _numbers(prefix: str, node: Any):
@@ -203,7 +176,7 @@ def _numbers(prefix: str, node: Any):
     elif isinstance(node, (list, tuple)):
         for i, value in enumerate(node):
             yield from _numbers(f"{prefix}[{i}]", value)
-    elif _is_number(node):
+    elif is_number(node):
         yield prefix, node
 
 
@@ -211,13 +184,11 @@ def check_method_numbers(optimizer: dict[str, Any] | None,
                          settings: dict[str, Any] | None) -> None:
     """Refuse NaN/inf optimiser values, a learning rate <= 0, and NaN method settings."""
     for key, value in _numbers("method.optimizer", optimizer or {}):
-        if not math.isfinite(value):
-            raise ConfigError(f"{key} must be a finite number (got {value!r})")
+        require(math.isfinite(value), key, "a finite number", value)
     if optimizer and "lr" in optimizer:
-        _positive_finite("method.optimizer.lr", optimizer["lr"])
+        positive_finite("method.optimizer.lr", optimizer["lr"])
     for key, value in _numbers("method.settings", settings or {}):
-        if math.isnan(value):
-            raise ConfigError(f"{key} must be a number (got nan)")
+        require(not math.isnan(value), key, "a number", value)
 
 
 def check_privacy_matches_method(method_name: str, method_private: bool,

@@ -38,6 +38,7 @@ from dpbench.privacy.banded_mf import (
     prefix_sum_loss,
     strategy_coefficients,
 )
+from dpbench.utils.ranges import int_at_least
 
 
 @dataclass
@@ -48,9 +49,7 @@ class BandMFSettings:
     strategy: str = "optimal"  # optimal: L-BFGS on ||A C^{-1}||_F^2 | sqrt: truncated A^{1/2}
 
     def __post_init__(self) -> None:
-        if isinstance(self.bands, bool) or not isinstance(self.bands, int) or self.bands < 1:
-            raise ConfigError(f"method.settings.bands must be an integer >= 1 "
-                              f"(got {self.bands!r})")
+        int_at_least("method.settings.bands", self.bands, 1)
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"method.settings.strategy must be one of "
                               f"{', '.join(STRATEGIES)} (got {self.strategy!r})")

@@ -18,6 +18,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dpbench.errors import ConfigError
+from dpbench.utils import ranges
+from dpbench.utils.ranges import is_number
+
+__all__ = ["NoSettings", "checked_settings", "is_number", "require"]
 
 
 @dataclasses.dataclass
@@ -26,14 +30,9 @@ class NoSettings:
 
 
 def require(ok: bool, key: str, expected: str, value: Any) -> None:
-    """Raise ConfigError ``method.settings.<key> must be <expected> (got <value>)`` unless ok."""
-    if not ok:
-        raise ConfigError(f"method.settings.{key} must be {expected} (got {value!r})")
-
-
-def is_number(value: Any) -> bool:
-    """Return True for an int or float that is not a bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """Raise ConfigError ``method.settings.<key> must be <expected> (got <value>)`` unless ok
+    (``dpbench.utils.ranges``, the one place range checks and their messages live)."""
+    ranges.require(ok, f"method.settings.{key}", expected, value)
 
 
 def checked_settings(method: str, settings_cls: type, values: Mapping[str, Any]) -> dict:

@@ -31,21 +31,17 @@ from dpbench.privacy.accountant_opacus import (
 )
 from dpbench.privacy.accountant_pld import Group, canonical_groups, pld_epsilon
 from dpbench.privacy.samplers import Sampling, sampling_epsilon
+from dpbench.registry import Registry
 
 log = logging.getLogger(__name__)
 
 EpsilonFn = Callable[[tuple[Group, ...], float], float]
-_REGISTRY: dict[str, EpsilonFn] = {}
+_REGISTRY: Registry[EpsilonFn] = Registry("accountant")
 
 
 def register_accountant(name: str) -> Callable[[EpsilonFn], EpsilonFn]:
     """Register ``fn(groups, delta) -> epsilon`` under ``name``; duplicates are refused."""
-    def add(fn: EpsilonFn) -> EpsilonFn:
-        if name in _REGISTRY:
-            raise ValueError(f"accountant {name!r} is already registered")
-        _REGISTRY[name] = fn
-        return fn
-    return add
+    return _REGISTRY.register(name)
 
 
 register_accountant("pld")(pld_epsilon)
@@ -83,7 +79,7 @@ def default_delta(dataset_size: int) -> float:
 def epsilon(accountant: str, history: Iterable[Group], delta: float) -> float:
     """Return ``accountant``'s upper bound on epsilon at ``delta`` for (sigma, q, steps) runs."""
     check_accountant(accountant)
-    return _REGISTRY[accountant](canonical_groups(history), float(delta))
+    return _REGISTRY.get(accountant)(canonical_groups(history), float(delta))
 
 
 def compose_epsilon(history: Iterable[Group], delta: float,

@@ -18,6 +18,7 @@ from dpbench.privacy.banded_mf import amplified_equivalent
 from dpbench.privacy.calibration import calibrate_noise_multiplier
 from dpbench.privacy.ledger import combined_noise_multiplier
 from dpbench.privacy.samplers import DEFAULT_SAMPLER, Sampling, resolve_sampling
+from dpbench.utils.ranges import require
 
 
 @dataclass
@@ -59,29 +60,25 @@ def plan_privacy(privacy: Any, trainer: Any, dataset_size: int, private: bool,
     if sampler != DEFAULT_SAMPLER and bands is not None:
         raise ConfigError(f"trainer.sampler={sampler}: this method samples cyclic Poisson "
                           f"batches over {bands} bands itself; use trainer.sampler=poisson")
-    if trainer.batch_size > n:
-        raise ConfigError(f"trainer.batch_size must be <= N = {n} training examples "
-                          f"(got {trainer.batch_size})")
+    require(trainer.batch_size <= n, "trainer.batch_size", f"<= N = {n} training examples",
+            trainer.batch_size)
     q = trainer.batch_size / n
     steps_per_epoch = max(int(1 / q), 1)  # as Opacus's DPDataLoader: int(1 / q) per epoch
     sampling = Sampling(sampler, relation, n, int(trainer.batch_size), steps_per_epoch)
     total = trainer.epochs * steps_per_epoch
     b = bands or 1
-    if b * q > 1:
-        raise ConfigError(f"method.settings.bands * trainer.batch_size must be <= N = {n} "
-                          f"(cyclic Poisson samples each of the b partitions at rate b B / N; "
-                          f"got bands={b}, batch_size={trainer.batch_size})")
-    if b > total:
-        raise ConfigError(f"method.settings.bands must be <= the run's {total} steps "
-                          f"(got {b}); lower it or train longer")
+    require(b * q <= 1, "method.settings.bands * trainer.batch_size", f"<= N = {n}",
+            why=" (cyclic Poisson samples each of the b partitions at rate b B / N; "
+                f"got bands={b}, batch_size={trainer.batch_size})")
+    require(b <= total, "method.settings.bands", f"<= the run's {total} steps", b,
+            why="; lower it or train longer")
     rate, steps = amplified_equivalent(q, total, b)
     private = private and privacy.enabled
     if not private:
         return PrivacyPlan(False, q, q * n, steps_per_epoch, total, None, 0.0, None,
                            privacy.target_epsilon, b, sampling)
     delta = privacy.delta if privacy.delta is not None else compute_default_delta(n)
-    if delta >= 1.0 / n:
-        raise ConfigError(f"privacy.delta must be < 1/N = {1.0 / n:.3g} (got {delta:.3g})")
+    require(delta < 1.0 / n, "privacy.delta", f"< 1/N = {1.0 / n:.3g}", shown=f"{delta:.3g}")
     if privacy.noise_multiplier is not None:
         sigma, accountant, target = float(privacy.noise_multiplier), privacy.accountant, None
         check_accountable(sigma, q, total, delta, accountant)

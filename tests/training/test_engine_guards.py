@@ -16,7 +16,7 @@ from torch import nn
 
 from dpbench.errors import ConfigError
 from dpbench.training.engine.bookkeeping import bk_unsupported
-from dpbench.training.engine.bookkeeping_rules import rule_for
+from dpbench.training.engine.rules import rule_for
 from tests.engines import ONE_POINT
 from tests.training import engine_grid as grid
 from tests.training.test_grad_sample_grids import _assert_exact, _assert_neighbours

@@ -18,11 +18,10 @@ from torch.utils.data import TensorDataset
 from dpbench.errors import ConfigError
 from dpbench.experiment import build_trainer
 from dpbench.training import step
-from dpbench.training.engine import bookkeeping_rules as bk_layers
 from dpbench.training.engine import choice as engines
-from dpbench.training.engine.bookkeeping_rules import LayerRule
 from dpbench.training.engine.materialised import clip_materialised
 from dpbench.training.engine.protocol import ClippedSum
+from dpbench.training.engine.rules.linear import LinearRule
 from tests.conftest import compose_config
 from tests.method_matrix import TINY
 
@@ -70,9 +69,8 @@ def releases(monkeypatch):
 
 def _broken_linear_rule(monkeypatch) -> None:
     """Book-keeping's Linear norm rule off by 2x (its squared norm times 4)."""
-    real = bk_layers.RULES[nn.Linear]
-    monkeypatch.setitem(bk_layers.RULES, nn.Linear, LayerRule(
-        lambda *a, **k: 4 * real.norm_sq(*a, **k), real.clipped, real.concat_calls))
+    real = LinearRule.norm_sq
+    monkeypatch.setattr(LinearRule, "norm_sq", lambda *a, **k: 4 * real(*a, **k))
 
 
 def test_a_norm_rule_off_by_2x_is_refused_before_any_noise(monkeypatch, releases):

@@ -231,7 +231,9 @@ def test_per_run_check_refuses_a_two_point_path_without_cross_terms(monkeypatch)
     engine, check, _ = build_verified_engine("bk", model, method, None, verifier())
     assert engine.mode == "bk" and check.passed and check.points == 2
     engine.close()
-    monkeypatch.setitem(choice.ENGINES, "bk", _WrongCrossTerm)
+    real = choice.build_engine
+    monkeypatch.setattr(choice, "build_engine", lambda model, mode: _WrongCrossTerm(model)
+                        if mode == "bk" else real(model, mode))
     with pytest.raises(ConfigError, match="two-point combination"):
         build_verified_engine("bk", model, method, None, verifier())
     # auto moves on to the materialised path, which is checked on the combination too

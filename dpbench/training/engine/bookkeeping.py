@@ -4,7 +4,7 @@ Bu, Wang, Zha and Karypis, "Differentially private optimization on large model a
 cost" (ICML 2023). One forward pass records each trainable layer's input ``a``; one backward
 (``torch.autograd.grad`` of the summed loss with respect to the layers' *outputs*, so no
 parameter gradient is formed) yields the output gradients ``g``. Then, per layer
-(``bookkeeping_rules``):
+(``rules``):
 
 1. per-example squared norms by the ghost norm or by instantiation, whichever is cheaper;
    ``||g_i||^2 = sum_layers ||G_i^l||^2``;
@@ -18,7 +18,7 @@ methods that need only norms and factors run on it. For methods that combine per
 gradients of several evaluation points before clipping (DiSK, FIBER, IVON with several
 samples) it runs one forward and backward per point, and the per-layer rules form the norm of
 the combination, cross terms included, from the recorded activations and output gradients
-(``bookkeeping_rules``).
+(``rules``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import torch
 from torch import nn
 
 from dpbench.errors import ConfigError
-from dpbench.training.engine.bookkeeping_rules import Call, Calls, rule_for, unsupported_reason
 from dpbench.training.engine.protocol import (
     ClippedSum,
     FactorsFn,
@@ -40,9 +39,11 @@ from dpbench.training.engine.protocol import (
     Point,
     kept_examples,
     per_example_refused,
+    register_engine,
     trainable,
     zero_rows,
 )
+from dpbench.training.engine.rules import Call, Calls, rule_for, unsupported_reason
 from dpbench.utils.tensors import parameters_at
 
 
@@ -65,6 +66,7 @@ def bk_unsupported(model: nn.Module) -> str | None:
     return None
 
 
+@register_engine
 class BookKeepingEngine:
     """Hooks a model once; returns clipped sums, norms and factors from one backward per point."""
 
@@ -184,7 +186,7 @@ class BookKeepingEngine:
         posterior samples, with one forward and one backward per point, each with its output
         gradients scaled by w_k; each layer's calls at the points are then one call list,
         whose rule gives ``||d_i||^2`` with the cross terms ``2 w_k w_l <g_i(x_k), g_i(x_l)>``
-        (the ghost inner products of ``bookkeeping_rules``) and the clipped sum as one
+        (the ghost inner products of ``rules``) and the clipped sum as one
         re-weighted weight gradient per point. No per-example gradient is materialised.
 
         A dropped example (``kept_examples``: a non-finite loss at any point, or norm) has

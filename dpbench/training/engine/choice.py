@@ -16,18 +16,16 @@ from typing import Any
 from torch import nn
 
 from dpbench.errors import ConfigError
-from dpbench.training.engine.bookkeeping import BookKeepingEngine, bk_unsupported
+from dpbench.training.engine import ghost, materialised  # noqa: F401 - they register engines
+from dpbench.training.engine.bookkeeping import bk_unsupported
 from dpbench.training.engine.check import EngineCheck, EngineVerifier
-from dpbench.training.engine.ghost import GhostClippingEngine
-from dpbench.training.engine.materialised import FunctorchEngine, HooksEngine
-from dpbench.training.engine.protocol import Engine
+from dpbench.training.engine.protocol import ENGINES, Engine
 
 log = logging.getLogger(__name__)
 
-#: the engine of each resolved ``trainer.grad_sample_mode`` (``auto`` chooses one of them)
-ENGINES: dict[str, type[Engine]] = {
-    cls.mode: cls for cls in (BookKeepingEngine, HooksEngine, FunctorchEngine,
-                              GhostClippingEngine)}
+# ENGINES (``protocol``): the engine of each resolved ``trainer.grad_sample_mode``, registered
+# by ``@register_engine`` in the modules imported above; ``auto`` chooses one of them
+
 #: what ``auto`` tries after its first choice, in order, when the per-run check rejects it
 AUTO_FALLBACKS = ("hooks", "functorch")
 
@@ -58,7 +56,7 @@ def refusal(mode: str, method: Any, task: Any, materialise: bool = False,
     it materialises per-example gradients, takes several evaluation points, and hands its
     quantities over in float32 under mixed precision.
     """
-    engine, need = ENGINES[mode], needs_materialised(method, task, materialise)
+    engine, need = ENGINES.get(mode), needs_materialised(method, task, materialise)
     name = f"trainer.grad_sample_mode={mode}"
     if need is not None and not engine.materialises:
         return (f"{name} forms clipped sums only, but {need}: use "
@@ -98,7 +96,7 @@ def choose_grad_sample_mode(requested: str, model: nn.Module, method: Any, task:
 
 def build_engine(model: nn.Module, mode: str) -> Engine:
     """Return the engine for a resolved ``mode`` (not ``auto``)."""
-    return ENGINES[mode](model)
+    return ENGINES.get(mode)(model)
 
 
 def _one_line(err: BaseException) -> str:

@@ -26,10 +26,12 @@ from dpbench.training.engine.protocol import (
     Point,
     kept_examples,
     per_example_refused,
+    register_engine,
 )
 from dpbench.utils.tensors import parameters_at
 
 
+@register_engine
 class GhostClippingEngine(OpacusWrapped):
     """Wraps a model once in Opacus's ghost-clipping module; returns clipped sums."""
 

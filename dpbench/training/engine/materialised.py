@@ -27,6 +27,7 @@ from dpbench.training.engine.protocol import (
     Observer,
     Point,
     kept_examples,
+    register_engine,
     zero_rows,
 )
 from dpbench.utils.tensors import parameters_at
@@ -83,12 +84,14 @@ class MaterialisedEngine(OpacusWrapped):
                                  points, factors_fn, observe)
 
 
+@register_engine
 class HooksEngine(MaterialisedEngine):
     """``hooks``: Opacus's per-layer grad samplers (functorch for layers it has none for)."""
 
     mode = "hooks"
 
 
+@register_engine
 class FunctorchEngine(MaterialisedEngine):
     """``functorch``: ``GradSampleModule(force_functorch=True)``, vmap over every layer."""
 

@@ -16,12 +16,13 @@ per-run check call only this protocol and read only these attributes, never an e
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 from torch import nn
 
 from dpbench.errors import ConfigError
+from dpbench.registry import Registry
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 FactorsFn = Callable[[torch.Tensor], torch.Tensor]
@@ -112,3 +113,13 @@ def trainable(model: nn.Module) -> tuple[list[nn.Parameter], list[str]]:
     """Return the trainable parameters of ``model`` and their names, in the model's order."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     return [p for _, p in named], [n for n, _ in named]
+
+
+#: the engine class of each resolved ``trainer.grad_sample_mode`` (``choice`` builds them)
+ENGINES: Registry[type[Engine]] = Registry("engine")
+E = TypeVar("E", bound=type)
+
+
+def register_engine(cls: E) -> E:
+    """Class decorator: register an engine under its ``mode``; a second one is refused."""
+    return ENGINES.register(cls.mode)(cls)
