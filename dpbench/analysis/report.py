@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dpbench.analysis.empirical import empirical_plot, empirical_table, is_mia
 from dpbench.analysis.plots import privacy_utility
 from dpbench.analysis.results import (
     RESULTS_NAME,
@@ -97,7 +98,8 @@ def build_report(root: str | Path, metric: str = "accuracy",
         frame[metric] = None
     readable = frame[frame["status"] != UNREADABLE]
     audits = readable[is_audit(readable)]
-    readable, duplicates = split_duplicates(readable[~is_audit(readable)])
+    joint = empirical_table(readable, metric)  # utility, audit and MIA runs side by side
+    readable, duplicates = split_duplicates(readable[~is_audit(readable) & ~is_mia(readable)])
     if readable.empty:
         table = pd.DataFrame()
         markdown = f"No readable {RESULTS_NAME} under {markdown_text(root)}."
@@ -115,6 +117,10 @@ def build_report(root: str | Path, metric: str = "accuracy",
         markdown += ("\n\nEmpirical audit (epsilon_lower must not exceed epsilon_claimed; "
                      "audit runs, not in the table above):\n\n"
                      + markdown_table(audit.reset_index()))
+    if not joint.empty:
+        markdown += ("\n\nPrivacy measured beside utility (per cell: utility runs, the accounted "
+                     "epsilon, audits and membership inference, never pooled):\n\n"
+                     + markdown_table(joint))
     if not duplicates.empty:
         markdown += ("\n\nDuplicate runs (the same cell and seed as a run above; not counted):\n"
                      + "\n".join(f"- {markdown_text(r.run_dir)}" for r in duplicates.itertuples()))
@@ -128,11 +134,13 @@ def build_report(root: str | Path, metric: str = "accuracy",
              "report.csv": table.to_csv(),
              "report.tex": latex_table(readable, metric) if not readable.empty
              else "% no readable runs\n",
-             "runs.csv": frame.to_csv(index=False)}
+             "runs.csv": frame.to_csv(index=False),
+             **({"empirical.csv": joint.to_csv(index=False)} if not joint.empty else {})}
     for name, text in files.items():
         atomic_write_bytes(root / name, text.encode())
     if not readable.empty:
         privacy_utility(readable, metric, root / "privacy_utility.png")
+    empirical_plot(frame[frame["status"] != UNREADABLE], root / "privacy_empirical.png")
     return frame, markdown
 
 
