@@ -7,7 +7,9 @@ with ``--baseline NAME``, the difference of every method to that baseline paired
 its 95 % interval and a verdict better / worse / tie. Writes, into DIR: ``report.md``,
 ``report.csv`` (the aggregated table), ``report.tex`` (LaTeX; the best method of a column in
 bold only where significantly best), ``runs.csv`` (one row per run, failed ones with their
-error) and ``privacy_utility.png`` (95 % bands). A failed run shows as failed, not missing;
+error) and ``privacy_utility.png`` (95 % bands); where audits or membership inference ran,
+``empirical.csv`` (``analysis.empirical``: privacy measured beside utility, per cell) and
+``privacy_empirical.png``. A failed run shows as failed, not missing;
 a results.json that cannot be read is listed with the reason (docs/tuning-and-claims.md).
 """
 
@@ -102,7 +104,9 @@ def build_report(root: str | Path, metric: str = "accuracy",
     readable, duplicates = split_duplicates(readable[~is_audit(readable) & ~is_mia(readable)])
     if readable.empty:
         table = pd.DataFrame()
-        markdown = f"No readable {RESULTS_NAME} under {markdown_text(root)}."
+        markdown = (f"No utility runs under {markdown_text(root)} (only audits or membership "
+                    "inference, below)." if not joint.empty
+                    else f"No readable {RESULTS_NAME} under {markdown_text(root)}.")
     else:
         table = cell_table(readable, metric)
         markdown = markdown_table(table)
