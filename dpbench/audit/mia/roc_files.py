@@ -28,7 +28,9 @@ def write_roc(run_dir: Path, curves: dict[str, tuple[np.ndarray, np.ndarray]],
 
     atomic_write_bytes(run_dir / "roc.csv", roc_csv(curves).encode())
     fig, ax = plt.subplots(figsize=(4.5, 4.5))
-    floor = 1e-4
+    # below the smallest FPR the examples resolve (1 / non-members) the curve says nothing
+    positive = [f[f > 0].min() for f, _ in curves.values() if (f > 0).any()]
+    floor = min(1e-3, min(positive, default=1e-3) / 2)
     for attack, (fpr, tpr) in curves.items():
         ax.plot(np.maximum(fpr, floor), np.maximum(tpr, floor),
                 label=f"{attack} (AUC {aucs[attack]:.3f})")
