@@ -160,7 +160,7 @@ def test_attack_metrics_intervals_bracket_the_point():
     members = rng.random(200) < 0.5
     scores = rng.normal(size=200) + members
     out = attack_metrics(scores, members, delta=1e-5, confidence=0.95, reps=50, rng=rng)
-    for key in ("auc", "balanced_accuracy", "tpr_at_fpr_0.01"):
+    for key in ("auc", "balanced_accuracy", "tpr_at_1pct_fpr"):
         assert out[f"{key}_low"] <= out[key] + 1e-12 and out[key] <= out[f"{key}_high"] + 1e-12
     assert out["auc_low"] > 0.5
 

@@ -23,8 +23,8 @@ from dpbench.logging.records import COMPLETED
 
 CELL_KEYS = ["label", "dataset", "model", "eps"]
 #: the MIA columns: (record field, column title)
-MIA_COLUMNS = (("mia_auc", "MIA AUC"), ("mia_tpr_at_fpr_0.001", "TPR@0.1%FPR"),
-               ("mia_tpr_at_fpr_0.01", "TPR@1%FPR"), ("mia_epsilon_lower", "MIA epsilon_lower"))
+MIA_COLUMNS = (("mia_auc", "MIA AUC"), ("mia_tpr_at_0p1pct_fpr", "TPR@0.1%FPR"),
+               ("mia_tpr_at_1pct_fpr", "TPR@1%FPR"), ("mia_epsilon_lower", "MIA epsilon_lower"))
 
 
 def _column(frame: pd.DataFrame, name: str) -> pd.Series:
@@ -99,7 +99,7 @@ def empirical_plot(frame: pd.DataFrame, path: Path) -> bool:
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     for ax, (name, title) in zip(axes, (("mia_auc", "MIA AUC"),
-                                        ("mia_tpr_at_fpr_0.01", "TPR at 1 % FPR"))):
+                                        ("mia_tpr_at_1pct_fpr", "TPR at 1 % FPR"))):
         for label, group in done.groupby("label"):
             private = group[group["target_epsilon"].notna()]
             if private.empty:

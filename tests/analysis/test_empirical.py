@@ -15,9 +15,9 @@ def _record(seed: int, accuracy: float, **extra) -> dict:
 
 
 MIA = {"kind": "mia", "mia_attack": "rmia", "mia_auc": 0.52, "mia_auc_low": 0.47,
-       "mia_auc_high": 0.58, "mia_tpr_at_fpr_0.001": 0.0, "mia_tpr_at_fpr_0.001_low": 0.0,
-       "mia_tpr_at_fpr_0.001_high": 0.01, "mia_tpr_at_fpr_0.01": 0.02,
-       "mia_tpr_at_fpr_0.01_low": 0.0, "mia_tpr_at_fpr_0.01_high": 0.05,
+       "mia_auc_high": 0.58, "mia_tpr_at_0p1pct_fpr": 0.0, "mia_tpr_at_0p1pct_fpr_low": 0.0,
+       "mia_tpr_at_0p1pct_fpr_high": 0.01, "mia_tpr_at_1pct_fpr": 0.02,
+       "mia_tpr_at_1pct_fpr_low": 0.0, "mia_tpr_at_1pct_fpr_high": 0.05,
        "mia_epsilon_lower": 0.0}
 
 

@@ -36,9 +36,9 @@ KIND = "mia"
 HEADER = ("| method | dataset | epsilon | accuracy | attack | AUC [95 % CI] | TPR@0.1%FPR | "
           "TPR@1%FPR | epsilon_lower |")
 #: the headline attack's values copied to the record's top level (the report's columns)
-HEADLINE_KEYS = ("auc", "auc_low", "auc_high", "tpr_at_fpr_0.001", "tpr_at_fpr_0.001_low",
-                 "tpr_at_fpr_0.001_high", "tpr_at_fpr_0.01", "tpr_at_fpr_0.01_low",
-                 "tpr_at_fpr_0.01_high", "balanced_accuracy")
+HEADLINE_KEYS = ("auc", "auc_low", "auc_high", "tpr_at_0p1pct_fpr", "tpr_at_0p1pct_fpr_low",
+                 "tpr_at_0p1pct_fpr_high", "tpr_at_1pct_fpr", "tpr_at_1pct_fpr_low",
+                 "tpr_at_1pct_fpr_high", "balanced_accuracy")
 
 
 def mia_settings(cfg: DictConfig) -> MIASettings:
@@ -123,8 +123,8 @@ def table_row(record: dict[str, Any]) -> str:
             f"{eps if math.isinf(eps) else round(eps, 3)} | "
             f"{record['metrics'].get('accuracy', float('nan')):.3f} | {record['mia_attack']} | "
             f"{record['mia_auc']:.3f} [{record['mia_auc_low']:.3f}, "
-            f"{record['mia_auc_high']:.3f}] | {record['mia_tpr_at_fpr_0.001']:.4f} | "
-            f"{record['mia_tpr_at_fpr_0.01']:.4f} | {record['mia_epsilon_lower']:.3f} |")
+            f"{record['mia_auc_high']:.3f}] | {record['mia_tpr_at_0p1pct_fpr']:.4f} | "
+            f"{record['mia_tpr_at_1pct_fpr']:.4f} | {record['mia_epsilon_lower']:.3f} |")
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="mia")

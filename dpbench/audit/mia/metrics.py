@@ -14,8 +14,9 @@ import numpy as np
 from scipy import stats
 from sklearn.metrics import roc_auc_score, roc_curve
 
-#: the false-positive rates at which the true-positive rate is reported
-FPR_POINTS = (0.001, 0.01)
+#: the false-positive rates at which the true-positive rate is reported, by field name
+#: (no dot in a name: records are looked up by dotted keys)
+FPR_POINTS = {"tpr_at_0p1pct_fpr": 0.001, "tpr_at_1pct_fpr": 0.01}
 
 
 def roc(scores: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -115,7 +116,7 @@ def point_metrics(scores: np.ndarray, members: np.ndarray) -> dict[str, float]:
     fpr, tpr = roc(scores, members)
     out = {"auc": float(roc_auc_score(members, scores)),
            "balanced_accuracy": balanced_accuracy(fpr, tpr)}
-    out.update({f"tpr_at_fpr_{p:g}": tpr_at_fpr(fpr, tpr, p) for p in FPR_POINTS})
+    out.update({name: tpr_at_fpr(fpr, tpr, p) for name, p in FPR_POINTS.items()})
     return out
 
 
