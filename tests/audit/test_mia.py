@@ -123,3 +123,18 @@ def test_console_script_runs_as_a_fresh_process_outside_the_repository(tmp_path)
     written = list(tmp_path.glob("outputs/mia/*/results.json"))
     assert len(written) == 1 and json.loads(written[0].read_text())["kind"] == "mia"
     assert (written[0].parent / "roc.png").is_file()
+
+
+@pytest.mark.slow
+def test_a_sweep_over_methods_and_epsilons_reports_one_row_per_cell(tmp_path, monkeypatch):
+    from dpbench.analysis.report import build_report
+
+    sweep = tmp_path / "sweep"
+    code = run_cli(hydra_main, ["-m", "method=dpsgd,dpadam", "privacy=eps1,eps8", *TINY,
+                                f"hydra.sweep.dir={sweep}"], monkeypatch)
+    assert code == 0
+    assert len(list(sweep.glob("*/results.json"))) == 4
+    _, markdown = build_report(sweep)
+    joint = markdown.split("Privacy measured beside utility")[1]
+    rows = [line for line in joint.splitlines() if line.startswith("| dp")]
+    assert len(rows) == 4 and all("(n=1)" in row for row in rows)
