@@ -138,3 +138,26 @@ def test_a_sweep_over_methods_and_epsilons_reports_one_row_per_cell(tmp_path, mo
     joint = markdown.split("Privacy measured beside utility")[1]
     rows = [line for line in joint.splitlines() if line.startswith("| dp")]
     assert len(rows) == 4 and all("(n=1)" in row for row in rows)
+
+
+def test_wandb_gets_every_attack_metric_and_the_cells_epsilon():
+    from dpbench.audit.mia.wandb_log import wandb_values
+
+    record = {"epsilon": 0.99, "target_epsilon": 1.0, "metrics": {"accuracy": 0.5},
+              "mia": {"attacks": {"rmia": {"auc": 0.6, "auc_low": 0.55, "auc_high": 0.65,
+                                           "epsilon": {"epsilon_lower": 0.1, "tpr": 0.2,
+                                                       "evaluated": 100}}}}}
+    assert wandb_values(record) == {
+        "epsilon": 0.99, "target_epsilon": 1.0, "accuracy": 0.5, "mia/rmia/auc": 0.6,
+        "mia/rmia/auc_low": 0.55, "mia/rmia/auc_high": 0.65, "mia/rmia/epsilon_lower": 0.1,
+        "mia/rmia/epsilon_tpr": 0.2, "mia/rmia/epsilon_evaluated": 100.0}
+
+
+@pytest.mark.slow
+def test_mia_logs_to_wandb_offline_when_asked(tmp_path, monkeypatch):
+    run_dir = tmp_path / "mia"
+    code = run_cli(hydra_main, ["method=dpsgd", *TINY, f"hydra.run.dir={run_dir}"],
+                   monkeypatch, quiet=("logger=wandb", "logger.mode=offline",
+                                       "trainer.progress=false", "trainer.device=cpu"))
+    assert code == 0
+    assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))

@@ -18,6 +18,7 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dpbench.audit.mia.settings import MIASettings
@@ -70,11 +71,14 @@ def headline_fields(attacks: dict[str, dict[str, Any]], headline: str) -> dict[s
             "mia_epsilon_point": chosen["epsilon"]["epsilon_point"]}
 
 
-def run_mia(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
-    """Train the models, attack, and (if ``run_dir``) write the record and ROC files."""
+def run_mia(cfg: DictConfig, run_dir: Path | None = None,
+            group: str | None = None) -> dict[str, Any]:
+    """Train the models, attack, and (if ``run_dir``) write the record and ROC files, and log
+    them to W&B where ``logger`` asks (``group``: the sweep's name)."""
     from dpbench.audit.mia.models import pool_and_population, train_models
     from dpbench.audit.mia.roc_files import write_roc
     from dpbench.audit.mia.scoring import score_attacks
+    from dpbench.audit.mia.wandb_log import log_to_wandb
     from dpbench.experiment import load_data
 
     settings = mia_settings(cfg)
@@ -95,6 +99,7 @@ def run_mia(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
         write_roc(run_dir, curves, {a: m["auc"] for a, m in attacks.items()},
                   f"{cfg.method.name} {cfg.privacy.name} seed {cfg.seed}")
         write_record(run_dir, record)
+        log_to_wandb(cfg, record, curves, run_dir, group)
     return record
 
 
@@ -139,7 +144,9 @@ def hydra_main(cfg: DictConfig) -> None:
         check_path_values(cfg)
         check_run_dir(run_dir, list(HydraConfig.get().overrides.hydra))
         check_mia_folder(run_dir)
-        record = run_mia(cfg, run_dir)
+        multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+        record = run_mia(cfg, run_dir, Path(HydraConfig.get().sweep.dir).name if multirun
+                         else None)
     except (DPBenchError, TypeError, ValueError, ImportError, OSError) as err:
         message = str(err) if isinstance(err, DPBenchError) else f"{type(err).__name__}: {err}"
         lines = [line.strip() for line in message.splitlines() if line.strip()]
