@@ -7,7 +7,9 @@ with ``--baseline NAME``, the difference of every method to that baseline paired
 its 95 % interval and a verdict better / worse / tie. Writes, into DIR: ``report.md``,
 ``report.csv`` (the aggregated table), ``report.tex`` (LaTeX; the best method of a column in
 bold only where significantly best), ``runs.csv`` (one row per run, failed ones with their
-error) and ``privacy_utility.png`` (95 % bands). A failed run shows as failed, not missing;
+error) and ``privacy_utility.png`` (95 % bands); where audits or membership inference ran,
+``empirical.csv`` (``analysis.empirical``: privacy measured beside utility, per cell) and
+``privacy_empirical.png``. A failed run shows as failed, not missing;
 a results.json that cannot be read is listed with the reason (docs/tuning-and-claims.md).
 """
 
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dpbench.analysis.empirical import empirical_plot, empirical_table, is_mia
 from dpbench.analysis.plots import privacy_utility
 from dpbench.analysis.results import (
     RESULTS_NAME,
@@ -112,10 +115,13 @@ def build_report(root: str | Path, metric: str = "accuracy",
         frame[metric] = None
     readable = frame[frame["status"] != UNREADABLE]
     audits = readable[is_audit(readable)]
-    readable, duplicates = split_duplicates(readable[~is_audit(readable)])
+    joint = empirical_table(readable, metric)  # utility, audit and MIA runs side by side
+    readable, duplicates = split_duplicates(readable[~is_audit(readable) & ~is_mia(readable)])
     if readable.empty:
         table = pd.DataFrame()
-        markdown = f"No readable {RESULTS_NAME} under {markdown_text(root)}."
+        markdown = (f"No utility runs under {markdown_text(root)} (only audits or membership "
+                    "inference, below)." if not joint.empty
+                    else f"No readable {RESULTS_NAME} under {markdown_text(root)}.")
     else:
         table = cell_table(readable, metric)
         markdown = markdown_table(table)
@@ -136,6 +142,10 @@ def build_report(root: str | Path, metric: str = "accuracy",
         markdown += ("\n\nEmpirical audit (epsilon_lower must not exceed epsilon_claimed; "
                      "audit runs, not in the table above):\n\n"
                      + markdown_table(audit.reset_index()))
+    if not joint.empty:
+        markdown += ("\n\nPrivacy measured beside utility (per cell: utility runs, the accounted "
+                     "epsilon, audits and membership inference, never pooled):\n\n"
+                     + markdown_table(joint))
     if not duplicates.empty:
         markdown += ("\n\nDuplicate runs (the same cell and seed as a run above; not counted):\n"
                      + "\n".join(f"- {markdown_text(r.run_dir)}" for r in duplicates.itertuples()))
@@ -149,11 +159,13 @@ def build_report(root: str | Path, metric: str = "accuracy",
              "report.csv": table.to_csv(),
              "report.tex": latex_table(readable, metric) if not readable.empty
              else "% no readable runs\n",
-             "runs.csv": frame.to_csv(index=False)}
+             "runs.csv": frame.to_csv(index=False),
+             **({"empirical.csv": joint.to_csv(index=False)} if not joint.empty else {})}
     for name, text in files.items():
         atomic_write_bytes(root / name, text.encode())
     if not readable.empty:
         privacy_utility(readable, metric, root / "privacy_utility.png")
+    empirical_plot(frame[frame["status"] != UNREADABLE], root / "privacy_empirical.png")
     return frame, markdown
 
 

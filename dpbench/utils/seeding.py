@@ -38,6 +38,9 @@ STREAMS: tuple[str, ...] = (
     "engine_check",  # per-example draws of the loss during the per-run engine check
     "task_rank",  # per-example draws of the loss on rank r of a K-process run (indexed by r)
     "hpo_selection",  # the search's private selection (dpbench-tune's exponential mechanism)
+    "mia_model",  # the run seed of each model dpbench-mia trains (indexed by model)
+    "mia_split",  # which pool examples train each dpbench-mia model (indexed by model)
+    "mia_metrics",  # dpbench-mia's bootstrap and held-out threshold halves
 )
 
 

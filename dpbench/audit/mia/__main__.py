@@ -1,0 +1,3 @@
+from dpbench.audit.mia.cli import main
+
+main()

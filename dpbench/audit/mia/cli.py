@@ -1,0 +1,169 @@
+"""``dpbench-mia``: membership inference against a cell's method, epsilon and seed.
+
+Config-driven like ``dpbench`` (``conf/mia.yaml`` = ``conf/config.yaml`` + ``conf/mia``):
+``dpbench-mia method=dpsgd privacy=eps1``, sweeps with ``-m``. The run trains
+``mia.targets + mia.references`` models on random halves of a pool (``models.py``), scores
+the targets' members against non-members with each attack (``scoring.py``) and writes
+``results.json`` (``kind: mia``, the target's accounted epsilon and accuracy, every attack's
+metrics with intervals in the ``mia`` block, the headline attack's as ``mia_*`` fields),
+``roc.csv`` and ``roc.png``. Bad settings exit 2 before any training and leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from dpbench.audit.mia.settings import MIASettings
+from dpbench.config.schema import register_schemas
+from dpbench.errors import ConfigError, DPBenchError
+from dpbench.logging.records import COMPLETED, RESULTS_NAME, write_record
+from dpbench.logging.results import run_record
+from dpbench.utils.conf import CONF_DIR
+from dpbench.utils.io import remove_if_fresh
+from dpbench.utils.paths import check_path_values, check_run_dir, register_path_resolver
+
+register_schemas()
+register_path_resolver()
+
+KIND = "mia"
+HEADER = ("| method | dataset | epsilon | accuracy | attack | AUC [95 % CI] | TPR@0.1%FPR | "
+          "TPR@1%FPR | epsilon_lower |")
+#: the headline attack's values copied to the record's top level (the report's columns)
+HEADLINE_KEYS = ("auc", "auc_low", "auc_high", "tpr_at_0p1pct_fpr", "tpr_at_0p1pct_fpr_low",
+                 "tpr_at_0p1pct_fpr_high", "tpr_at_1pct_fpr", "tpr_at_1pct_fpr_low",
+                 "tpr_at_1pct_fpr_high", "balanced_accuracy")
+
+
+def mia_settings(cfg: DictConfig) -> MIASettings:
+    node = OmegaConf.to_container(cfg.get("mia") or {}, resolve=True)
+    try:
+        return MIASettings(**node)
+    except TypeError as err:
+        raise ConfigError(f"mia: {err}") from err
+
+
+def check_settings(cfg: DictConfig, settings: MIASettings) -> None:
+    """Refuse what cannot run before any model trains (method, privacy, data sizes)."""
+    from dpbench.audit.mia.models import pool_and_population
+    from dpbench.config.schema import PrivacyConfig, check_privacy_matches_method
+    from dpbench.experiment import _typed, load_data
+    from dpbench.methods import get_method
+
+    privacy = _typed(PrivacyConfig, cfg.privacy, "privacy")
+    check_privacy_matches_method(cfg.method.name, get_method(cfg.method.name).private, privacy)
+    pool_and_population(load_data(cfg), settings)
+
+
+def headline_fields(attacks: dict[str, dict[str, Any]], headline: str) -> dict[str, Any]:
+    """Return the ``mia_*`` top-level fields of the headline attack."""
+    chosen = attacks[headline]
+    return {"mia_attack": headline,
+            **{f"mia_{key}": chosen[key] for key in HEADLINE_KEYS},
+            "mia_epsilon_lower": chosen["epsilon"]["epsilon_lower"],
+            "mia_epsilon_point": chosen["epsilon"]["epsilon_point"]}
+
+
+def run_mia(cfg: DictConfig, run_dir: Path | None = None,
+            group: str | None = None) -> dict[str, Any]:
+    """Train the models, attack, and (if ``run_dir``) write the record and ROC files, and log
+    them to W&B where ``logger`` asks (``group``: the sweep's name)."""
+    from dpbench.audit.mia.models import pool_and_population, train_models
+    from dpbench.audit.mia.roc_files import write_roc
+    from dpbench.audit.mia.scoring import score_attacks
+    from dpbench.audit.mia.wandb_log import log_to_wandb
+    from dpbench.experiment import load_data
+
+    settings = mia_settings(cfg)
+    check_settings(cfg, settings)
+    pool, population = pool_and_population(load_data(cfg), settings)
+    outputs = train_models(cfg, settings, pool, population)
+    target = outputs.summaries[0]
+    attacks, curves = score_attacks(outputs, settings, target["delta"] or 1e-5)
+    record = {**run_record(cfg, target, COMPLETED), "kind": KIND,
+              **headline_fields(attacks, settings.headline),
+              "mia": {"settings": OmegaConf.to_container(cfg.mia, resolve=True),
+                      "attacks": attacks, "models": settings.models,
+                      "model_epsilons": [s["epsilon"] for s in outputs.summaries],
+                      "members_per_target": [int(m.sum()) for m in
+                                             outputs.members[:settings.targets]],
+                      "wall_time_s": outputs.wall_time_s}}
+    if run_dir is not None:
+        write_roc(run_dir, curves, {a: m["auc"] for a, m in attacks.items()},
+                  f"{cfg.method.name} {cfg.privacy.name} seed {cfg.seed}")
+        write_record(run_dir, record)
+        log_to_wandb(cfg, record, curves, run_dir, group)
+    return record
+
+
+def check_mia_folder(run_dir: Path) -> None:
+    """Raise ConfigError unless ``run_dir`` is empty or holds an earlier dpbench-mia run."""
+    from dpbench.utils.safe_json import UnsafeFile, read_json
+
+    results = run_dir / RESULTS_NAME
+    found = [n for n in ("config.yaml", "checkpoint.pt", "run.log") if (run_dir / n).exists()]
+    if results.exists() or results.is_symlink():
+        try:
+            record = read_json(results)
+        except (UnsafeFile, OSError):
+            record = None
+        if not isinstance(record, dict) or record.get("kind") != KIND:
+            found.append(RESULTS_NAME)
+    if found:
+        raise ConfigError(f"hydra.run.dir={run_dir} holds another kind of run "
+                          f"({', '.join(found)}); dpbench-mia writes only into an empty "
+                          "folder or an earlier dpbench-mia run's")
+
+
+def table_row(record: dict[str, Any]) -> str:
+    eps = record["epsilon"]
+    return (f"| {record['method']} | {record['dataset']} | "
+            f"{eps if math.isinf(eps) else round(eps, 3)} | "
+            f"{record['metrics'].get('accuracy', float('nan')):.3f} | {record['mia_attack']} | "
+            f"{record['mia_auc']:.3f} [{record['mia_auc_low']:.3f}, "
+            f"{record['mia_auc_high']:.3f}] | {record['mia_tpr_at_0p1pct_fpr']:.4f} | "
+            f"{record['mia_tpr_at_1pct_fpr']:.4f} | {record['mia_epsilon_lower']:.3f} |")
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="mia")
+def hydra_main(cfg: DictConfig) -> None:
+    from dpbench.utils.lock import RunDirLock
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    existed = run_dir.exists() and any(run_dir.iterdir())
+    lock = RunDirLock(run_dir)
+    try:
+        lock.acquire()
+        check_path_values(cfg)
+        check_run_dir(run_dir, list(HydraConfig.get().overrides.hydra))
+        check_mia_folder(run_dir)
+        multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+        record = run_mia(cfg, run_dir, Path(HydraConfig.get().sweep.dir).name if multirun
+                         else None)
+    except (DPBenchError, TypeError, ValueError, ImportError, OSError) as err:
+        message = str(err) if isinstance(err, DPBenchError) else f"{type(err).__name__}: {err}"
+        lines = [line.strip() for line in message.splitlines() if line.strip()]
+        print(f"dpbench-mia: error: {' / '.join(lines)}", file=sys.stderr)
+        lock.release()
+        remove_if_fresh(run_dir, existed)
+        sys.exit(2)
+    finally:
+        lock.release()
+    print(HEADER)
+    print(table_row(record))
+
+
+def main() -> None:
+    """Console script ``dpbench-mia`` (and ``python -m dpbench.audit.mia``)."""
+    hydra_main()
+
+
+if __name__ == "__main__":
+    main()

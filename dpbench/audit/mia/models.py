@@ -1,0 +1,114 @@
+"""Train a run's target and reference models through the loop; read their outputs.
+
+Every model is built by ``experiment.build_trainer`` from the run's own config (the same
+method, model, privacy settings and trainer: the attacker knows the training algorithm),
+with its own seed (``split.model_seed``) and its training set replaced by its half of the
+pool (``split.membership``), so its noise is calibrated and accounted for that set. Progress
+(models done / total, ETA) goes to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from dpbench.audit.mia.settings import MIASettings
+from dpbench.audit.mia.split import memberships, model_seed
+from dpbench.data.base import TaskData, subset_indices
+from dpbench.errors import ConfigError
+from dpbench.training.loop import Trainer
+
+
+@dataclass
+class ModelOutputs:
+    """Per-example log-probabilities of the true label (and phi) of every model."""
+
+    members: np.ndarray  # (K, n) bool: example i trained model k
+    log_p_pool: np.ndarray  # (K, n) log f_k(x_i)_{y_i}
+    phi_pool: np.ndarray  # (K, n) logit-scaled confidence
+    log_p_population: np.ndarray  # (K, m) on the population samples z (test split)
+    summaries: list[dict[str, Any]] = field(default_factory=list)  # each model's run summary
+    wall_time_s: float = 0.0
+
+
+def _outputs(trainer: Trainer, dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """Return (log p_y, phi) of ``trainer``'s model on ``dataset``."""
+    from dpbench.audit.mia.attacks import logit_confidence
+
+    loader = DataLoader(dataset, batch_size=trainer.settings.eval_batch_size)
+    log_probs, labels, _ = trainer.task.collect_predictions(trainer.model, loader,
+                                                            trainer.device)
+    lp, y = log_probs.double().numpy(), labels.numpy()
+    return lp[np.arange(len(y)), y], logit_confidence(lp, y)
+
+
+class _OnHalf:
+    """``make_trainer`` for ``build_trainer``: the Trainer with its training set replaced."""
+
+    def __init__(self, train: Dataset) -> None:
+        self.train = train
+        self.data: TaskData | None = None
+
+    def __call__(self, *, data: TaskData, **kwargs: Any) -> Trainer:
+        if data.task != "classification":
+            raise ConfigError(f"dpbench-mia attacks classification models (dataset "
+                              f"{data.name!r} is a {data.task!r} task)")
+        self.data = TaskData(name=data.name, task=data.task, train=self.train, test=data.test,
+                             num_classes=data.num_classes, input_shape=data.input_shape,
+                             class_names=data.class_names, notes=list(data.notes),
+                             extras=dict(data.extras))
+        trainer = Trainer(data=self.data, **kwargs)
+        if trainer.data is not self.data:
+            raise ConfigError("dpbench-mia reads raw inputs: set trainer.cache_frozen_prefix="
+                              "off")
+        return trainer
+
+
+def pool_and_population(data: TaskData, settings: MIASettings) -> tuple[Dataset, Dataset]:
+    """Return (the pool: ``pool_size`` examples of the training split, the population:
+    ``population_size`` of the test split), both by a data-independent fixed permutation."""
+    n, m = len(data.train), len(data.test)  # type: ignore[arg-type]
+    if settings.pool_size > n:
+        raise ConfigError(f"mia.pool_size={settings.pool_size} exceeds the {n} training "
+                          f"examples of {data.name}")
+    if settings.population_size > m:
+        raise ConfigError(f"mia.population_size={settings.population_size} exceeds the {m} "
+                          f"test examples of {data.name}")
+    return (Subset(data.train, subset_indices(n, settings.pool_size).tolist()),
+            Subset(data.test, subset_indices(m, settings.population_size).tolist()))
+
+
+def train_models(cfg: DictConfig, settings: MIASettings, pool: Dataset,
+                 population: Dataset) -> ModelOutputs:
+    """Train the run's ``settings.models`` models; return their outputs on pool and population."""
+    from dpbench.experiment import build_trainer
+
+    total = settings.models
+    masks = memberships(settings.seed, total, len(pool))  # type: ignore[arg-type]
+    rows: dict[str, list[np.ndarray]] = {"lp": [], "phi": [], "lz": []}
+    summaries, start = [], time.perf_counter()
+    for k in range(total):
+        model_cfg = OmegaConf.merge(cfg, {"seed": model_seed(settings.seed, k)})
+        trainer = build_trainer(model_cfg, None, make_trainer=_OnHalf(
+            Subset(pool, np.flatnonzero(masks[k]).tolist())))
+        summaries.append(trainer.fit())
+        with torch.no_grad():
+            lp, phi = _outputs(trainer, pool)
+            lz, _ = _outputs(trainer, population)
+        rows["lp"].append(lp)
+        rows["phi"].append(phi)
+        rows["lz"].append(lz)
+        elapsed = time.perf_counter() - start
+        role = "target" if k < settings.targets else "reference"
+        print(f"dpbench-mia: model {k + 1}/{total} ({role}) trained, {elapsed:.1f} s elapsed, "
+              f"ETA {elapsed / (k + 1) * (total - k - 1):.1f} s", file=sys.stderr, flush=True)
+    return ModelOutputs(members=masks, log_p_pool=np.stack(rows["lp"]),
+                        phi_pool=np.stack(rows["phi"]), log_p_population=np.stack(rows["lz"]),
+                        summaries=summaries, wall_time_s=time.perf_counter() - start)

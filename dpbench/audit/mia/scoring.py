@@ -1,0 +1,52 @@
+"""Score every target with every attack, its references being all the run's other models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dpbench.audit.mia.attacks import lira_offline, lira_online, loss_score, rmia
+from dpbench.audit.mia.metrics import attack_metrics, roc
+from dpbench.audit.mia.models import ModelOutputs
+from dpbench.audit.mia.settings import MIASettings
+from dpbench.utils.seeding import stream_seed
+
+
+def target_scores(out: ModelOutputs, target: int, attack: str, settings: MIASettings
+                  ) -> np.ndarray:
+    """Return the scores of ``attack`` on the pool for model ``target`` (leave-one-out)."""
+    refs = np.arange(len(out.members)) != target
+    in_refs = out.members[refs]
+    if attack == "loss":
+        return loss_score(out.log_p_pool[target])
+    if attack == "lira_online":
+        return lira_online(out.phi_pool[target], out.phi_pool[refs], in_refs)
+    if attack == "lira_offline":
+        return lira_offline(out.phi_pool[target], out.phi_pool[refs], in_refs)
+    if attack == "rmia":
+        p_x, p_z = np.exp(out.log_p_pool), np.exp(out.log_p_population)
+        return rmia(p_x[target], p_x[refs], in_refs, p_z[target], p_z[refs],
+                    settings.rmia_a, settings.rmia_gamma)
+    raise ValueError(f"unknown attack {attack!r}")
+
+
+def score_attacks(out: ModelOutputs, settings: MIASettings, delta: float
+                  ) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[np.ndarray,
+                                                                        np.ndarray]]]:
+    """Return ({attack: metrics}, {attack: (fpr, tpr)}) over the targets' pooled examples.
+
+    The targets' (score, member) pairs are pooled (Carlini et al. 2022 pool over targets);
+    the bootstrap and the threshold halves draw from stream ``mia_metrics``.
+    """
+    members = np.concatenate([out.members[t] for t in range(settings.targets)])
+    results, curves = {}, {}
+    for i, attack in enumerate(settings.attacks):
+        scores = np.concatenate([target_scores(out, t, attack, settings)
+                                 for t in range(settings.targets)])
+        rng = np.random.default_rng(stream_seed(settings.seed, "mia_metrics", i))
+        results[attack] = attack_metrics(scores, members, delta=delta,
+                                         confidence=settings.confidence,
+                                         reps=settings.bootstrap, rng=rng)
+        curves[attack] = roc(scores, members)
+    return results, curves

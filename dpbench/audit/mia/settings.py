@@ -1,0 +1,52 @@
+"""``conf/mia/*.yaml``: what dpbench-mia trains and how it scores (docs/empirical-privacy.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dpbench.audit.mia.attacks import ATTACKS
+from dpbench.errors import ConfigError
+
+
+@dataclass
+class MIASettings:
+    """The pool, the models, the attacks and their statistics."""
+
+    pool_size: int = 500  # examples of the training split the models' halves are drawn from
+    population_size: int = 300  # RMIA's population samples z, from the test split
+    targets: int = 1  # models attacked in turn (each with all the others as references)
+    references: int = 4  # further models trained only as references (shadow models)
+    attacks: list[str] = field(default_factory=lambda: list(ATTACKS))
+    headline: str = "rmia"  # the attack whose numbers the report's columns show
+    rmia_a: float = 0.3  # offline RMIA's Pr(x) = ((1 + a) Pr_OUT(x) + 1 - a) / 2
+    rmia_gamma: float = 1.0  # RMIA's likelihood-ratio threshold
+    confidence: float = 0.95  # of the bootstrap intervals and the epsilon lower bound
+    bootstrap: int = 200  # bootstrap replicates
+    seed: int = 0  # the run seed (the split, the models, the bootstrap)
+
+    def __post_init__(self) -> None:
+        for key, low in (("pool_size", 8), ("population_size", 1), ("targets", 1),
+                         ("references", 1), ("bootstrap", 1)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"mia.{key} must be an integer >= {low} (got {value!r})")
+        unknown = [a for a in self.attacks if a not in ATTACKS]
+        if unknown or not self.attacks:
+            raise ConfigError(f"mia.attacks must name some of {', '.join(ATTACKS)} "
+                              f"(got {self.attacks!r})")
+        if self.headline not in self.attacks:
+            raise ConfigError(f"mia.headline must be one of mia.attacks (got {self.headline!r})")
+        if self.targets + self.references < 3 and any(a.startswith("lira")
+                                                       for a in self.attacks):
+            raise ConfigError("mia.targets + mia.references must be at least 3 for LiRA "
+                              "(its Gaussians need two reference models)")
+        if not 0 <= self.rmia_a <= 1:
+            raise ConfigError(f"mia.rmia_a must be in [0, 1] (got {self.rmia_a})")
+        if not self.rmia_gamma > 0:
+            raise ConfigError(f"mia.rmia_gamma must be > 0 (got {self.rmia_gamma})")
+        if not 0 < self.confidence < 1:
+            raise ConfigError(f"mia.confidence must be in (0, 1) (got {self.confidence})")
+
+    @property
+    def models(self) -> int:
+        return self.targets + self.references

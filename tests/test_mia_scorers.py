@@ -1,0 +1,174 @@
+"""The membership scores and their metrics against the published formulas on fixed inputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+from sklearn.metrics import roc_auc_score, roc_curve
+
+from dpbench.audit.mia.attacks import (
+    gaussian_fit,
+    lira_offline,
+    lira_online,
+    logit_confidence,
+    loss_score,
+    rmia,
+    rmia_reference_probability,
+)
+from dpbench.audit.mia.metrics import (
+    attack_metrics,
+    balanced_accuracy,
+    clopper_pearson,
+    clopper_pearson_bounds,
+    empirical_epsilon,
+    epsilon_from_rates,
+    point_metrics,
+    roc,
+    tpr_at_fpr,
+)
+from dpbench.audit.mia.split import memberships, model_seed
+
+TOL = 1e-10
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+
+
+def test_logit_confidence_is_log_odds_of_the_true_label():
+    rng = np.random.default_rng(0)
+    lp, y = _log_softmax(rng.normal(size=(20, 5))), rng.integers(0, 5, 20)
+    p = np.exp(lp[np.arange(20), y])
+    np.testing.assert_allclose(logit_confidence(lp, y), np.log(p / (1 - p)), rtol=1e-9)
+    # stable where 1 - p rounds to 0 in float64: phi = 40 exactly for logits (40, 0)
+    lp = _log_softmax(np.array([[40.0, 0.0]]))
+    assert logit_confidence(lp, np.array([0])) == pytest.approx(40.0, abs=1e-9)
+
+
+def test_loss_score_is_minus_cross_entropy():
+    lp = np.log(np.array([0.9, 0.2, 0.5]))
+    cross_entropy = -lp
+    np.testing.assert_allclose(loss_score(lp), -cross_entropy)
+
+
+def test_gaussian_fit_hand_computed():
+    values = np.array([[1.0, 5.0], [3.0, 7.0], [0.0, 9.0]])
+    mask = np.array([[True, True], [True, True], [False, True]])
+    mean, sd = gaussian_fit(values, mask)
+    np.testing.assert_allclose(mean, [2.0, 7.0])
+    # deviations: example 0: -1, 1 (dof 1); example 1: -2, 0, 2 (dof 2): (2 + 8) / 3
+    assert sd == pytest.approx(math.sqrt(10 / 3), abs=TOL)
+    with pytest.raises(ValueError):
+        gaussian_fit(values[:1], mask[:1])
+
+
+def test_lira_online_and_offline_equal_the_gaussian_formulas():
+    # 4 references, 3 examples; every example has two IN and two OUT values
+    refs = np.array([[2.0, 1.0, 0.0], [4.0, 3.0, 1.0], [0.0, -1.0, -2.0], [-2.0, 1.0, -4.0]])
+    in_refs = np.array([[1, 1, 1], [1, 1, 1], [0, 0, 0], [0, 0, 0]], bool)
+    phi = np.array([3.0, 0.0, -1.0])
+    mu_in, mu_out = refs[:2].mean(0), refs[2:].mean(0)
+    sd_in = math.sqrt(((refs[:2] - mu_in) ** 2).sum() / 3)
+    sd_out = math.sqrt(((refs[2:] - mu_out) ** 2).sum() / 3)
+    want_online = (stats.norm.logpdf(phi, mu_in, sd_in) - stats.norm.logpdf(phi, mu_out, sd_out))
+    np.testing.assert_allclose(lira_online(phi, refs, in_refs), want_online, rtol=1e-12)
+    # offline: Lambda = 1 - Pr[Z > phi], compared by its -log(1 - Lambda) form
+    want_offline = 1 - stats.norm.sf(phi, mu_out, sd_out)
+    got = 1 - np.exp(-lira_offline(phi, refs, in_refs))
+    np.testing.assert_allclose(got, want_offline, rtol=1e-12)
+
+
+def test_lira_fills_a_missing_side_with_the_average_gap():
+    refs = np.array([[2.0, 1.0, 5.0], [4.0, 3.0, 7.0], [0.0, -1.0, 6.0], [1.0, 0.0, 4.0]])
+    in_refs = np.array([[1, 1, 1], [1, 1, 1], [0, 0, 1], [0, 0, 1]], bool)  # 2: no OUT
+    mu_in, mu_out = refs[:2, :2].mean(0), refs[2:, :2].mean(0)
+    gap = float(np.mean(mu_in - mu_out))
+    sd_out = math.sqrt(((refs[2:, :2] - mu_out) ** 2).sum() / 2)
+    got = lira_offline(np.array([0.0, 0.0, 6.0]), refs, in_refs)
+    assert got[2] == pytest.approx(-stats.norm.logsf(6.0, refs[:, 2].mean() - gap, sd_out),
+                                   rel=1e-12)
+
+
+def test_rmia_equals_the_pairwise_likelihood_ratio_count():
+    rng = np.random.default_rng(1)
+    n, m, refs = 40, 25, 3
+    p_x, p_z = rng.uniform(0.01, 1, n), rng.uniform(0.01, 1, m)
+    refs_x, refs_z = rng.uniform(0.01, 1, (refs, n)), rng.uniform(0.01, 1, (refs, m))
+    in_refs = rng.random((refs, n)) < 0.5
+    a, gamma = 0.3, 1.5
+    got = rmia(p_x, refs_x, in_refs, p_z, refs_z, a, gamma)
+    for i in range(n):  # brute force: Score(x) = mean_z 1[LR(x, z) >= gamma]
+        out = ~in_refs[:, i]
+        pr_x = (0.5 * ((1 + a) * refs_x[out, i].mean() + 1 - a) if out.any()
+                else refs_x[:, i].mean())
+        lr = (p_x[i] / pr_x) / (p_z / refs_z.mean(0))
+        assert got[i] == pytest.approx(np.mean(lr >= gamma), abs=TOL)
+
+
+def test_rmia_reference_probability_offline_interpolation():
+    p = np.array([[0.8, 0.4], [0.2, 0.6]])
+    in_refs = np.array([[False, True], [True, True]])
+    got = rmia_reference_probability(p, in_refs, a=0.5)
+    assert got[0] == pytest.approx(0.5 * (1.5 * 0.8 + 0.5))  # OUT: the first reference only
+    assert got[1] == pytest.approx(0.5)  # no OUT reference: the mean of all
+
+
+def test_point_metrics_match_sklearn():
+    rng = np.random.default_rng(2)
+    members = rng.random(300) < 0.5
+    scores = rng.normal(size=300) + 0.8 * members
+    fpr, tpr, _ = roc_curve(members, scores)
+    got = point_metrics(scores, members)
+    assert got["auc"] == pytest.approx(roc_auc_score(members, scores), abs=TOL)
+    for target in (0.001, 0.01, 0.1):
+        assert tpr_at_fpr(*roc(scores, members), target) == pytest.approx(
+            tpr[fpr <= target].max())
+    assert got["balanced_accuracy"] == pytest.approx(np.max((tpr + 1 - fpr) / 2))
+    assert balanced_accuracy(np.array([0.0, 1.0]), np.array([0.0, 1.0])) == 0.5
+
+
+def test_epsilon_from_rates_hand_computed():
+    assert epsilon_from_rates(0.5, 0.1, 0.0) == pytest.approx(math.log(5))
+    assert epsilon_from_rates(0.9, 0.5, 0.0) == pytest.approx(math.log(5))  # 0.5 / 0.1
+    assert epsilon_from_rates(0.3, 0.3, 1e-5) == 0.0
+    assert epsilon_from_rates(0.5, 0.0, 0.0) == math.inf
+
+
+def test_clopper_pearson_vectorised_equals_binomtest():
+    k = np.array([0, 1, 7, 20])
+    low, high = clopper_pearson_bounds(k, 20, 0.95)
+    for i, kk in enumerate(k):
+        want = clopper_pearson(int(kk), 20, 0.95)
+        assert (low[i], high[i]) == pytest.approx(want, abs=1e-9)
+
+
+def test_empirical_epsilon_is_zero_for_random_scores_and_large_for_a_perfect_attack():
+    rng = np.random.default_rng(3)
+    members = rng.random(400) < 0.5
+    chance = empirical_epsilon(rng.normal(size=400), members, 1e-5, 0.95, rng)
+    assert chance["epsilon_lower"] < 0.5
+    perfect = empirical_epsilon(members.astype(float), members, 1e-5, 0.95, rng)
+    # 200 right of 200: the Clopper-Pearson bounds alone cap it near log(1 / 0.018)
+    assert 3.0 < perfect["epsilon_lower"] < perfect["epsilon_point"] == math.inf
+
+
+def test_attack_metrics_intervals_bracket_the_point():
+    rng = np.random.default_rng(4)
+    members = rng.random(200) < 0.5
+    scores = rng.normal(size=200) + members
+    out = attack_metrics(scores, members, delta=1e-5, confidence=0.95, reps=50, rng=rng)
+    for key in ("auc", "balanced_accuracy", "tpr_at_1pct_fpr"):
+        assert out[f"{key}_low"] <= out[key] + 1e-12 and out[key] <= out[f"{key}_high"] + 1e-12
+    assert out["auc_low"] > 0.5
+
+
+def test_split_draws_each_model_from_its_own_stream():
+    masks = memberships(7, 5, 1000)
+    assert masks.shape == (5, 1000)
+    assert all(abs(m.mean() - 0.5) < 0.06 for m in masks)
+    assert len({m.tobytes() for m in masks}) == 5  # no two models share a half
+    np.testing.assert_array_equal(masks, memberships(7, 5, 1000))  # reproducible
+    assert len({model_seed(7, k) for k in range(5)} | {7}) == 6
