@@ -22,10 +22,16 @@ try:
 except ImportError:  # the dev extra is absent
     pass
 
+from dpbench.config.entry import prepare_hydra
 from dpbench.utils.conf import CONF_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = ["logger=none", "trainer.progress=false", "trainer.device=cpu"]
+
+
+#: every test composes as the console scripts do, whatever it imported first (the launchers
+#: themselves are tested from a fresh process: tests/test_console_scripts.py)
+prepare_hydra()
 
 
 def compose_config(*overrides: str):

@@ -74,8 +74,8 @@ def trained(outside) -> Path:
 
 
 def test_every_script_is_covered_here():
-    assert SCRIPTS == ["dpbench", "dpbench-audit", "dpbench-bench", "dpbench-report",
-                       "dpbench-reproduce", "dpbench-tune"]
+    assert SCRIPTS == ["dpbench", "dpbench-audit", "dpbench-bench", "dpbench-mia",
+                       "dpbench-report", "dpbench-reproduce", "dpbench-tune"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -98,6 +98,18 @@ def test_dpbench_audit_runs_one_epoch(outside):
     record = json.loads((run / "results.json").read_text())
     assert record["kind"] == "audit" and record["status"] == "completed"
     assert record["epsilon_lower"] <= record["audit"]["power"]
+    assert "| dpsgd | digits |" in done.stdout
+
+
+def test_dpbench_mia_attacks_one_small_cell(outside):
+    run = outside / "mia"
+    done = _run("dpbench-mia", ["method=dpsgd", "privacy=eps1", *QUIET, "mia.pool_size=60",
+                                "mia.population_size=30", "mia.references=2",
+                                "mia.bootstrap=20", "trainer.batch_size=16",
+                                f"hydra.run.dir={run}"], outside)
+    record = json.loads((run / "results.json").read_text())
+    assert record["kind"] == "mia" and record["status"] == "completed"
+    assert (run / "roc.csv").is_file() and (run / "roc.png").is_file()
     assert "| dpsgd | digits |" in done.stdout
 
 

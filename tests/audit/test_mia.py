@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -97,32 +93,6 @@ def test_attacks_at_small_epsilon_stay_below_the_accounted_epsilon(privacy):
     for name, attack in record["mia"]["attacks"].items():
         assert attack["epsilon"]["epsilon_lower"] <= record["epsilon"], name
         assert attack["auc_low"] < 0.75, name  # far from the non-private model's leak
-
-
-def _script(name: str) -> str:
-    """Return Python code that runs console script ``name`` as pyproject.toml declares it."""
-    found = re.search(rf'^{re.escape(name)} = "([\w.]+):(\w+)"$',
-                      (REPO / "pyproject.toml").read_text(), re.M)
-    assert found, f"{name} is not in pyproject.toml's [project.scripts]"
-    module, function = found.groups()
-    return f"import sys; sys.argv[0] = {name!r}; from {module} import {function}; {function}()"
-
-
-@pytest.mark.slow
-def test_console_script_runs_as_a_fresh_process_outside_the_repository(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    code = _script("dpbench-mia")
-    help_run = subprocess.run([sys.executable, "-c", code, "--help"], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=300)
-    assert help_run.returncode == 0, help_run.stderr
-    assert "mia" in help_run.stdout
-    run = subprocess.run([sys.executable, "-c", code, "method=dpsgd", "privacy=eps1",
-                          "trainer.device=cpu", *TINY], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
-    written = list(tmp_path.glob("outputs/mia/*/results.json"))
-    assert len(written) == 1 and json.loads(written[0].read_text())["kind"] == "mia"
-    assert (written[0].parent / "roc.png").is_file()
 
 
 @pytest.mark.slow

@@ -16,22 +16,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dpbench.audit.mia.settings import MIASettings
-from dpbench.config.schema import register_schemas
+from dpbench.config.entry import hydra_entry
 from dpbench.errors import ConfigError, DPBenchError
 from dpbench.logging.records import COMPLETED, RESULTS_NAME, write_record
 from dpbench.logging.results import run_record
-from dpbench.utils.conf import CONF_DIR
 from dpbench.utils.io import remove_if_fresh
-from dpbench.utils.paths import check_path_values, check_run_dir, register_path_resolver
-
-register_schemas()
-register_path_resolver()
+from dpbench.utils.paths import check_path_values, check_run_dir
 
 KIND = "mia"
 HEADER = ("| method | dataset | epsilon | accuracy | attack | AUC [95 % CI] | TPR@0.1%FPR | "
@@ -132,7 +127,7 @@ def table_row(record: dict[str, Any]) -> str:
             f"{record['mia_tpr_at_1pct_fpr']:.4f} | {record['mia_epsilon_lower']:.3f} |")
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="mia")
+@hydra_entry("mia")
 def hydra_main(cfg: DictConfig) -> None:
     from dpbench.utils.lock import RunDirLock
 
