@@ -27,9 +27,16 @@ from typing import Any
 
 import yaml
 
-from dpbench.analysis.claims import adjust, claims_markdown, evaluate_claim
+from dpbench.analysis.claims import (
+    ClaimSpecError,
+    adjust,
+    claims_markdown,
+    evaluate_claim,
+    validate_claim,
+)
 from dpbench.analysis.results import load_frame, load_records
 from dpbench.analysis.tables import cell_table, markdown_table
+from dpbench.logging.records import COMPLETED, FAILED
 from dpbench.tune.choices import CHOICES_NAME
 
 log = logging.getLogger("dpbench.reproduce")
@@ -40,11 +47,15 @@ WALL_TIME_NAME = "wall_time.json"
 
 
 def load_spec(paper: str) -> dict[str, Any]:
-    """Return the reproduction spec of ``paper`` (one of PAPERS)."""
+    """Return the reproduction spec of ``paper`` (one of PAPERS), its claims validated
+    (ClaimSpecError, one line naming the claim and the key)."""
     if paper not in PAPERS:
         raise SystemExit(f"dpbench-reproduce: unknown paper {paper!r} (known: "
                          f"{', '.join(PAPERS)}, all)")
-    return yaml.safe_load((SPEC_DIR / f"{paper}.yaml").read_text())
+    spec = yaml.safe_load((SPEC_DIR / f"{paper}.yaml").read_text())
+    for claim in spec.get("claims", []):
+        validate_claim(claim)
+    return spec
 
 
 def sweep_commands(spec: dict[str, Any], args: argparse.Namespace, out: Path) -> list[dict]:
@@ -165,8 +176,9 @@ def paper_plots(spec: dict[str, Any], out: Path) -> None:
 
 
 def paper_claims(paper: str, spec: dict[str, Any], out: Path) -> list[dict[str, Any]]:
-    """Return the evaluated claims of ``paper`` over every completed run under ``out``."""
-    records = load_records(out) if out.exists() else []
+    """Return the evaluated claims of ``paper`` over every finished run under ``out`` (failed
+    runs count: ``evaluate_claim``)."""
+    records = load_records(out, status=(COMPLETED, FAILED)) if out.exists() else []
     rows = []
     for claim in spec.get("claims", []):
         rows.append({**evaluate_claim(claim, records), "paper": spec["short"],

@@ -67,7 +67,8 @@ def test_one_sided_p_equals_scipy(alternative):
 
     want = stats.ttest_1samp(GAINS, 0.01, alternative=alternative).pvalue
     assert one_sided_p(GAINS, 0.01, alternative) == pytest.approx(want, rel=1e-12)
-    assert one_sided_p([0.25, 0.25, 0.25], 0.125, "greater") == 0.0  # no spread
+    # no spread: the exact sign-flip test, whose smallest p with 3 values is 2^-3
+    assert one_sided_p([0.25, 0.25, 0.25], 0.125, "greater") == 0.125
     assert math.isnan(one_sided_p([0.2], 0.1, "greater"))
 
 
@@ -114,16 +115,16 @@ def test_seeds_for_tost_gives_the_power_it_promises_in_simulation():
     n = seeds_for_tost(1.0, 1.0)
     rng = np.random.default_rng(np.random.SeedSequence(7))
 
-    def power(k, draws=4000):  # TOST at 5 %: the 90 % interval inside (-1, 1)
+    def power(k, draws=4000):  # TOST at 2.5 % a side: the 95 % interval inside (-1, 1)
         x = rng.normal(0, 1, (draws, k))
-        half = stats.t.ppf(0.95, k - 1) * x.std(axis=1, ddof=1) / math.sqrt(k)
+        half = stats.t.ppf(0.975, k - 1) * x.std(axis=1, ddof=1) / math.sqrt(k)
         return np.mean(np.abs(x.mean(axis=1)) + half < 1)
 
     assert power(n) >= 0.78  # 0.8 promised; 4000 draws: standard error about 0.006
     assert power(n - 1) < 0.8
     sample = rng.normal(0, 1, n)
-    ninety = t_interval(sample, level=0.90)
-    assert (tost(sample, -1, 1) <= 0.05) == (-1 < ninety.low and ninety.high < 1)
+    ninety = t_interval(sample, level=0.95)
+    assert (tost(sample, -1, 1) <= 0.025) == (-1 < ninety.low and ninety.high < 1)
 
 
 def test_probability_of_improvement_counts_ties_as_half():
