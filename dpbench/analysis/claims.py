@@ -44,6 +44,7 @@ from dpbench.analysis.stats import (
     higher_is_better,
     holm,
     holm_levels,
+    no_spread,
     one_sided_p,
     probability_of_improvement,
     sd_upper_bound,
@@ -234,7 +235,8 @@ def non_inferiority_verdict(low: float, high: float, margin: float) -> str:
 def equivalence_verdict(low: float, high: float, margin: float) -> str:
     """reproduced when the 95 % interval lies inside (-margin, margin) (TOST, 2.5 % a side),
     contradicted when it lies wholly outside, smaller than claimed when it excludes 0 (a
-    difference is shown, not one beyond the margin), underpowered otherwise."""
+    difference is shown, not one beyond the margin; the claims table reads this from the
+    97.5 % interval, both directions within the 2.5 % budget), underpowered otherwise."""
     if -margin < low and high < margin:
         return "reproduced"
     if low > margin or high < -margin:
@@ -379,7 +381,7 @@ def _test(cell: CellResult, target: float, claimed: float, *, equivalence: bool 
         cell.verdict = "underpowered" if len(x) else "not run"
         return cell
     cell.sd = float(np.std(x, ddof=1))
-    cell.exact = bool(exact or cell.sd == 0.0)
+    cell.exact = bool(exact or no_spread(x))
 
     def p(null: float, alternative: str) -> float:
         return one_sided_p(x, null, alternative, exact=cell.exact, rng=rng)
@@ -390,7 +392,8 @@ def _test(cell: CellResult, target: float, claimed: float, *, equivalence: bool 
                   else tost(x, -margin, margin))
         cell.p_for = min(1.0, 2 * tost_p)
         cell.p_against = min(1.0, 2 * min(p(margin, "greater"), p(-margin, "less")))
-        cell.p_smaller = min(1.0, 2 * min(p(0.0, "greater"), p(0.0, "less")))
+        # a difference in either direction: two one-sided tests, Bonferroni (2.5 % in all)
+        cell.p_smaller = min(1.0, 4 * min(p(0.0, "greater"), p(0.0, "less")))
     else:
         cell.p_for = min(1.0, 2 * p(target, "greater"))
         cell.p_against = min(1.0, 2 * p(target, "less"))
@@ -578,7 +581,7 @@ def evaluate_claim(claim: dict[str, Any], records: list[dict[str, Any]],
                          f"{', '.join(map(str, c.failed_baseline))}")
         if c.exact and len(c.values) >= 2:
             notes.append(f"{prefix}decided by the exact sign-flip test"
-                         + (" (no spread)" if c.sd == 0 else ""))
+                         + (" (no spread)" if no_spread(c.values) else ""))
     row = {**claim, "cells": [c.__dict__ for c in cells],
            "measured": _measured(cells, claim.get("digits", 3)) or "no runs",
            "edge": bool(edge), "p_improvement": probability_of_improvement(improvement)

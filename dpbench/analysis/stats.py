@@ -121,7 +121,7 @@ def one_sided_p(values: Sequence[float], null: float, alternative: str, *, exact
     x = _finite(values)
     if len(x) < 2:
         return math.nan
-    if exact or float(x.std(ddof=1)) == 0.0:
+    if exact or no_spread(x):
         return sign_flip_p(x, null, alternative, rng)
     return float(stats.ttest_1samp(x, null, alternative=alternative).pvalue)
 
@@ -156,9 +156,16 @@ def tost(values: Sequence[float], low: float, high: float) -> float:
     x = _finite(values)
     if len(x) < 2:
         return math.nan
-    if float(x.std(ddof=1)) == 0.0:
+    if no_spread(x):
         return max(one_sided_p(x, low, "greater"), one_sided_p(x, high, "less"))
     return float(ttost_paired(x, np.zeros_like(x), low, high)[0])
+
+
+def no_spread(values: Sequence[float]) -> bool:
+    """Return whether ``values`` are equal up to rounding (a standard deviation below 1e-12
+    of their size): a t statistic is then rounding noise."""
+    x = _finite(values)
+    return len(x) < 2 or float(x.std(ddof=1)) <= 1e-12 * max(1.0, float(np.abs(x).max()))
 
 
 def _finite(values: Sequence[float]) -> np.ndarray:
@@ -197,8 +204,8 @@ def seeds_for_power(sd: float | Sequence[float], effect: float, alpha: float = A
     n = np.arange(max(2, min_n), max_n + 1)
     joint = np.ones(len(n))
     for s in sds:
-        if s <= 0:
-            continue  # no spread seen: this cell does not limit n (its exact test might)
+        if s <= 1e-12 * effect:  # no spread seen: this cell does not limit n (an exact
+            continue               # test's smallest p might: exact_min_n)
         side = t_power(effect, float(s), n, alpha)
         joint *= np.clip(1 - 2 * (1 - side), 0, 1) if tost else side
     hit = np.flatnonzero(joint >= power)

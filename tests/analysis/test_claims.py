@@ -12,11 +12,11 @@ import pytest
 from scipy import stats
 
 from dpbench.analysis.claims import (
+    CellResult,
     ClaimDataError,
+    _claim_p,
     adjust,
     claims_markdown,
-    CellResult,
-    _claim_p,
     decide,
     equivalence_verdict,
     evaluate_claim,
