@@ -43,7 +43,6 @@ from dpbench.analysis.stats import (
     exact_min_n,
     higher_is_better,
     holm,
-    holm_levels,
     no_spread,
     one_sided_p,
     probability_of_improvement,
@@ -257,17 +256,15 @@ def threshold_verdict(low: float, high: float, threshold: float, expect: str,
     return superiority_verdict(low, high, threshold, threshold + tolerance)
 
 
-def decide(p_for: float, p_against: float, p_smaller: float, level: float = ALPHA,
-           against_level: float = ALPHA, contra_level: float = ALPHA) -> str:
-    """Return the verdict from the claim's three p-values (ALPHA scale): reproduced when the
-    test for the claim rejects at ``level``; otherwise smaller than claimed or contradicted
-    when the test of the claimed effect rejects at ``against_level``, contradicted when the
-    test of the target then also rejects at ``contra_level`` (a fixed sequence within the
-    claim); underpowered otherwise."""
+def decide(p_for: float, p_against: float, p_smaller: float, level: float = ALPHA) -> str:
+    """Return the verdict from the claim's three p-values (ALPHA scale, Holm-adjusted within
+    a paper): reproduced when the test for the claim rejects at ``level``; otherwise
+    contradicted when the tests of the claimed effect and of the target both reject, smaller
+    than claimed when only the first does; underpowered otherwise."""
     if p_for <= level:
         return "reproduced"
-    if p_smaller <= against_level:
-        return "contradicted" if p_against <= contra_level else "smaller than claimed"
+    if p_smaller <= level:
+        return "contradicted" if p_against <= level else "smaller than claimed"
     return "underpowered"
 
 
@@ -604,28 +601,25 @@ def _claim_p(cells: Sequence[CellResult]) -> dict[str, float]:
             "p_smaller": min(1.0, k * min(c.p_smaller for c in tested))}
 
 
-def _with_verdict(row: dict[str, Any], family: int = 1, levels: tuple[float, ...] = (),
-                  adjusted: tuple[float, ...] = ()) -> dict[str, Any]:
+def _with_verdict(row: dict[str, Any], family: int = 1,
+                  adjusted: tuple[float, float, float] | None = None) -> dict[str, Any]:
     """Return ``row`` with ``verdict``, ``p`` (the deciding test's), ``p_test``, ``p_holm`` and
-    ``seeds_needed`` for a paper family of ``family`` claims; ``adjusted`` = (Holm p for,
-    Holm p of the claimed effect) and ``levels`` = (the claim's Holm level on the against
-    side,) when decided within a family."""
+    ``seeds_needed`` for a paper family of ``family`` claims; ``adjusted``: the claim's Holm
+    p-values (for, against, claimed effect) within its family (alone: its own p-values)."""
     failed, failed_baseline = row.get("failed", False), row.get("failed_baseline", False)
     p_for = 1.0 if failed or failed_baseline else row.get("p_for", math.nan)
     p_against, p_smaller = row.get("p_against", math.nan), row.get("p_smaller", math.nan)
-    holm_for, holm_smaller = adjusted or (p_for, p_smaller)
-    level = levels[0] if levels else ALPHA
+    holm_for, holm_against, holm_smaller = adjusted or (p_for, p_against, p_smaller)
     if not any(c["values"] for c in row.get("cells", [])):
         verdict = "not run"
     else:
-        verdict = decide(holm_for, p_against, holm_smaller, contra_level=level)
+        verdict = decide(holm_for, holm_against, holm_smaller)
         if failed_baseline or (failed and verdict not in AGAINST):
             verdict = "failed runs"
-    if verdict in AGAINST:
-        test, p = (("against", p_against) if verdict == "contradicted"
-                   else ("claimed effect", p_smaller))
-        p_holm = (max(holm_smaller, min(1.0, p_against * ALPHA / level))
-                  if verdict == "contradicted" else holm_smaller)
+    if verdict == "contradicted":
+        test, p, p_holm = "against", p_against, max(holm_against, holm_smaller)
+    elif verdict == "smaller than claimed":
+        test, p, p_holm = "claimed effect", p_smaller, holm_smaller
     else:
         test, p, p_holm = "for", row.get("p_for", math.nan), holm_for
     undecided = verdict in ("underpowered", "failed runs")
@@ -681,12 +675,12 @@ def _measured(cells: Sequence[CellResult], digits: int) -> str:
 
 
 def adjust(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Return ``rows`` decided within each paper (diagnostics each on their own): reproduced
-    when Holm over the paper's p_for rejects; smaller than claimed or contradicted when Holm
-    over the paper's p_smaller rejects, contradicted when p_against then also passes that
-    claim's Holm level (a fixed sequence within the claim). Adds ``p_holm`` (of the deciding
-    side) and ``q_bh`` (Benjamini-Hochberg of p_for over the table, diagnostics excluded);
-    a verdict lost to Holm is noted."""
+    """Return ``rows`` decided within each paper (diagnostics each on their own), Holm on
+    each side: reproduced when Holm over the paper's p_for rejects; smaller than claimed when
+    Holm over the paper's p_smaller rejects; contradicted when Holm over the paper's
+    p_against rejects too. Adds ``p_holm`` (of the deciding test) and ``q_bh``
+    (Benjamini-Hochberg of p_for over the table, diagnostics excluded); a verdict lost to
+    Holm is noted."""
     def family_of(r: dict[str, Any]) -> bool:
         return not r.get("diagnostic")
 
@@ -701,17 +695,16 @@ def adjust(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         r.setdefault("q_bh", math.nan)
     for paper in dict.fromkeys(r.get("paper") for r in rows):
         family = [i for i, r in enumerate(rows) if r.get("paper") == paper and family_of(r)]
-        m = len(family)
-        holm_for = holm([p_for(rows[i]) for i in family])
-        smaller = [rows[i].get("p_smaller", math.nan) for i in family]
-        holm_smaller, levels = holm(smaller), holm_levels(smaller)
-        for j, i in enumerate(family):
+        adjusted = list(zip(*(holm([f(rows[i]) for i in family]) for f in (
+            p_for, lambda r: r.get("p_against", math.nan),
+            lambda r: r.get("p_smaller", math.nan)))))
+        for i, holm_p in zip(family, adjusted):
             before = rows[i].get("verdict")
-            out[i] = _with_verdict(out[i], m, (_finite_or(levels[j], ALPHA),),
-                                   (_finite_or(holm_for[j]), _finite_or(holm_smaller[j])))
+            out[i] = _with_verdict(out[i], len(family), tuple(_finite_or(p) for p in holm_p))
             if before != out[i]["verdict"] and before not in ("not run", "failed runs"):
                 out[i]["notes"] = [*out[i]["notes"], f"{before} before Holm over the "
-                                   f"paper's {m} claims (Holm p {_p(out[i]['p_holm'])})"]
+                                   f"paper's {len(family)} claims (Holm p "
+                                   f"{_p(out[i]['p_holm'])})"]
     return out
 
 

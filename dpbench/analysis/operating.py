@@ -81,26 +81,24 @@ def claim_p(draws: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
             np.minimum(1, k * np.min([d[2] for d in draws], axis=0)))
 
 
-def holm_matrix(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Return Holm-adjusted p-values and each hypothesis's Holm level, row by row."""
+def holm_matrix(p: np.ndarray) -> np.ndarray:
+    """Return Holm-adjusted p-values, row by row (``stats.holm`` on each row)."""
     m = p.shape[1]
     order = np.argsort(p, axis=1, kind="stable")
     ranked = np.take_along_axis(p, order, 1) * (m - np.arange(m))
-    adjusted_sorted = np.minimum(1, np.maximum.accumulate(ranked, axis=1))
-    adjusted, levels = np.empty_like(p), np.empty_like(p)
-    np.put_along_axis(adjusted, order, adjusted_sorted, 1)
-    np.put_along_axis(levels, order, np.broadcast_to(ALPHA / (m - np.arange(m)), p.shape), 1)
-    return adjusted, levels
+    adjusted = np.empty_like(p)
+    np.put_along_axis(adjusted, order, np.minimum(1, np.maximum.accumulate(ranked, axis=1)), 1)
+    return adjusted
 
 
 def family_verdicts(p_for: np.ndarray, p_against: np.ndarray,
                     p_smaller: np.ndarray) -> np.ndarray:
     """Return verdict codes (indices into CODES), draws x claims, decided as ``adjust``."""
-    holm_for, _ = holm_matrix(p_for)
-    holm_smaller, levels = holm_matrix(p_smaller)
+    holm_for, holm_against, holm_smaller = (holm_matrix(p) for p in (p_for, p_against,
+                                                                     p_smaller))
     out = np.full(p_for.shape, 3)
     against = holm_smaller <= ALPHA
-    out[against] = np.where(p_against[against] <= levels[against], 2, 1)
+    out[against] = np.where(holm_against[against] <= ALPHA, 2, 1)
     out[holm_for <= ALPHA] = 0
     return out
 

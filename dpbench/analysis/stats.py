@@ -241,19 +241,6 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return out.tolist()
 
 
-def holm_levels(pvalues: Sequence[float], alpha: float = ALPHA) -> list[float]:
-    """Return the level at which Holm's step-down tests each p-value: alpha / (m - rank),
-    rank 0 for the smallest (NaN for NaN). A hypothesis nested in a rejected one (a stronger
-    statement about the same claim) is tested at its claim's level, in a fixed sequence."""
-    p = np.asarray(pvalues, dtype=float)
-    out = np.full(len(p), math.nan)
-    idx = np.flatnonzero(~np.isnan(p))
-    order = idx[np.argsort(p[idx], kind="stable")]
-    for rank, i in enumerate(order):
-        out[i] = alpha / (len(order) - rank)
-    return out.tolist()
-
-
 def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
     """Return Benjamini-Hochberg q-values (``scipy.stats.false_discovery_control``), in the
     input order; NaN stays NaN and is not counted."""
