@@ -132,3 +132,30 @@ def test_probability_of_improvement_counts_ties_as_half():
 
     assert probability_of_improvement([1.0, -1.0, 0.0, 2.0]) == 0.625
     assert math.isnan(probability_of_improvement([]))
+
+
+def test_sign_flip_p_is_the_exact_enumeration_and_its_interval_inverts_it():
+    import itertools
+
+    from dpbench.analysis.stats import sign_flip_interval, sign_flip_p
+
+    x = np.array(GAINS)
+    flips = np.array(list(itertools.product([-1, 1], repeat=len(x))))
+    d = x - 0.002
+    want = np.mean((flips * d).mean(axis=1) >= d.mean() - 1e-15)
+    assert sign_flip_p(x, 0.002, "greater") == pytest.approx(want, abs=1e-12)
+    low, high = sign_flip_interval(np.arange(1.0, 8.0), 0.95)
+    assert sign_flip_p(np.arange(1.0, 8.0), low - 1e-6, "greater") <= 0.025
+    assert sign_flip_p(np.arange(1.0, 8.0), low + 1e-6, "greater") > 0.025
+    assert sign_flip_interval([0.012, 0.012], 0.95) == (-math.inf, math.inf)
+
+
+def test_power_and_the_spread_bound_equal_their_scipy_formulas():
+    from dpbench.analysis.stats import sd_upper_bound, t_power
+
+    n = np.arange(3, 40)
+    crit = stats.t.ppf(1 - 0.0125, n - 1)
+    want = stats.nct.sf(crit, n - 1, 0.7 * np.sqrt(n) / 1.3)
+    assert t_power(0.7, 1.3, n, 0.0125) == pytest.approx(want, rel=1e-9)
+    # (n - 1) s^2 / sigma^2 ~ chi2: sigma <= s sqrt((n - 1) / chi2_{0.2, n - 1}) with 80 %
+    assert sd_upper_bound(2.0, 5) == pytest.approx(2.0 * math.sqrt(4 / stats.chi2.ppf(0.2, 4)))
