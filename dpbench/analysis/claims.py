@@ -622,7 +622,7 @@ def _with_verdict(row: dict[str, Any], family: int = 1,
         test, p, p_holm = "claimed effect", p_smaller, holm_smaller
     else:
         test, p, p_holm = "for", row.get("p_for", math.nan), holm_for
-    undecided = verdict in ("underpowered", "failed runs")
+    undecided = verdict == "underpowered"   # more seeds do not mend a failed run
     return {**row, "verdict": verdict, "p": p, "p_test": test, "p_holm": p_holm,
             "seeds_needed": seeds_hint(row, family) if undecided else None}
 

@@ -172,13 +172,14 @@ def run_jobs(jobs: list[dict], dry_run: bool, progress: Progress | None = None,
                                    f"failed) in {minutes(time.perf_counter() - start)}")
 
 
-def paper_summary(paper: str, spec: dict[str, Any], out: Path, seconds: float) -> str:
-    """Return one line for a finished paper: its time and its claims' verdicts (decided
-    within the paper)."""
+def paper_summary(paper: str, spec: dict[str, Any], out: Path,
+                  seconds: float | None) -> str:
+    """Return one line for a finished paper: its time (None: nothing was run) and its
+    claims' verdicts (decided within the paper)."""
     rows = adjust(paper_claims(paper, spec, out))
     counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
-    return (f"{paper} done in {minutes(seconds)}; claims: "
-            + ", ".join(f"{n} {v}" for v, n in counts.items() if n))
+    done = f"done in {minutes(seconds)}; " if seconds is not None else ""
+    return f"{paper} {done}claims: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
 
 
 def paper_tables(spec: dict[str, Any], out: Path) -> str:
@@ -221,7 +222,7 @@ def paper_claims(paper: str, spec: dict[str, Any], out: Path) -> list[dict[str, 
 def seeds_hint(rows: list[dict[str, Any]]) -> str:
     """Return the commands that would give each underpowered claim the seeds it needs."""
     lines = [f"dpbench-reproduce {r['paper_key']} --claim-seeds {r['id']}={r['seeds_needed']}"
-             for r in rows if r["verdict"] in ("underpowered", "failed runs") and r.get("id")
+             for r in rows if r["verdict"] == "underpowered" and r.get("id")
              and isinstance(r.get("seeds_needed"), int)]
     if not lines:
         return ""
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         if out.exists():
             (out / "tables.md").write_text(paper_tables(spec, out))
             paper_plots(spec, out)
-        print(f"dpbench-reproduce: {paper_summary(paper, spec, out, timings.get(paper, 0.0))}",
+        print(f"dpbench-reproduce: {paper_summary(paper, spec, out, timings.get(paper))}",
               flush=True)
     if args.dry_run:
         return 0
