@@ -184,10 +184,10 @@ def forest_plots(rows: list[dict], out: Path) -> list[Path]:
         mine = forest_points([r for r in rows if r.get("paper_key", r.get("paper", "")) == key])
         if mine:
             path = out / f"forest_{key}.png"
-            forest(mine, path, f"{mine[0]['paper']}: gain [95 % CI; 90 % for equivalence]")
+            forest(mine, path, f"{mine[0]['paper']}: gain [95 % CI]")
             written.append(path)
     if points:
         path = out / "forest_all.png"
-        forest(points, path, "All claims: gain [95 % CI; 90 % for equivalence] / target")
+        forest(points, path, "All claims: gain [95 % CI] / target")
         written.append(path)
     return written
