@@ -6,17 +6,19 @@ reproduction wrote. Every comparison is a *gain*: method minus baseline, paired 
 signed so that a positive gain is in the claim's favour (baseline minus method for metrics
 where lower is better). Kinds:
 
-- ``superiority``: the gain is positive and of the paper's size: ``paper_effect`` (the
-  paper's number, in the metric's units) times ``fraction`` (default one half), or, when
-  the paper gives no number, the smallest effect of interest ``effect`` (defaults by metric,
-  ``METRIC_DEFAULTS``). ``statistic: steps_saving`` tests the share of steps saved to the
-  baseline's final ``metric`` instead of the metric itself.
+- ``superiority``: the gain exceeds ``fraction`` (default one half) of the claimed effect:
+  ``paper_effect`` (the paper's number, in the metric's units) or, when the paper gives no
+  number, the declared smallest effect of interest ``effect`` (defaults by metric,
+  ``METRIC_DEFAULTS``); the region between that target and the claimed effect is where
+  "reproduced" and "smaller than claimed" may both be shown. ``statistic: steps_saving``
+  tests the share of steps saved to the baseline's final ``metric`` instead (exact
+  sign-flip test; ``paper_effect`` or ``effect`` required).
 - ``non_inferiority``: the gain is above ``-margin``.
 - ``equivalence``: the gain is within ``+-margin`` (TOST).
 - ``threshold``: the mean of ``metric`` over the method's runs is ``above`` / ``below``
-  ``threshold``.
+  ``threshold`` (``tolerance``: the band on the claimed side read as "smaller than claimed").
 - ``interaction``: the gain at ``contrast.values[0]`` minus the gain at ``contrast.values[1]``
-  of the key ``contrast.key``, paired by seed, is positive and at least ``effect``.
+  of the key ``contrast.key``, paired by seed, exceeds ``fraction`` of ``effect`` (absolute).
 
 ``where`` selects runs (a list value is one cell per value: "at every epsilon"),
 ``method_where`` / ``baseline_where`` add conditions on one side, ``sweep`` restricts the
@@ -38,20 +40,31 @@ import numpy as np
 from dpbench.analysis.stats import (
     ALPHA,
     benjamini_hochberg,
+    exact_min_n,
     higher_is_better,
     holm,
+    no_spread,
     one_sided_p,
     probability_of_improvement,
+    sd_upper_bound,
     seeds_for_power,
-    seeds_for_tost,
+    sign_flip_interval,
     t_interval,
     tost,
 )
 
 KINDS = ("superiority", "non_inferiority", "equivalence", "threshold", "interaction")
-VERDICTS = ("reproduced", "smaller than claimed", "contradicted", "underpowered", "not run")
-#: the share of the paper's effect that a superiority claim must reach to be reproduced
+VERDICTS = ("reproduced", "smaller than claimed", "contradicted", "underpowered", "failed runs",
+            "not run")
+#: the verdicts against a claim (decided by the tests of the claimed effect and the target)
+AGAINST = ("smaller than claimed", "contradicted")
+#: the share of the claimed effect (the paper's, or the declared smallest effect of interest)
+#: that a superiority claim must be shown to exceed to be reproduced
 FRACTION = 0.5
+#: a threshold claim's default tolerance, as a share of the threshold: the mean shown within
+#: it on the claimed side reads "smaller than claimed" (so that a mean at the threshold is
+#: decided too)
+THRESHOLD_TOLERANCE = 0.1
 #: per metric: ``effect``, the smallest effect of interest of a claim whose paper gives no
 #: number; ``margin``, the margin of non-inferiority and equivalence; ``*_relative``: as a
 #: share of the baseline's mean. Each is justified in docs/tuning-and-claims.md ("Margins").
@@ -138,68 +151,120 @@ def _cell_label(cell: dict[str, Any], where: dict[str, Any]) -> str:
                      if isinstance(where.get(k), list))
 
 
-# --- verdict rules on numbers (each tested on fixed numbers) -------------------------------
+# --- spec validation ----------------------------------------------------------------------
 
-def superiority_verdict(low: float, high: float, estimate: float, target: float,
-                        paper_effect: float) -> str:
-    """Return the verdict of a gain with 95 % interval [low, high] against ``target`` (the
-    share of the paper's effect that counts as reproducing it) and ``paper_effect``.
+class ClaimSpecError(ValueError):
+    """A claim declared in a spec that cannot be tested as written; the message is one line
+    naming the claim and the key."""
 
-    reproduced: above 0, the estimate reaches the target; smaller than claimed: above 0, the
-    estimate short of the target and the paper's effect ruled out; contradicted: below 0, or
-    including 0 while short of the target (the claimed size ruled out); underpowered:
-    otherwise (the interval holds both 0 and the target, or a positive gain of undecided
-    size).
+
+_POSITIVE = ("paper_effect", "effect", "effect_relative", "margin", "margin_relative",
+             "tolerance")
+
+
+def validate_claim(claim: dict[str, Any]) -> None:
+    """Raise ClaimSpecError (one line: the claim and the key) for a claim whose test would be
+    meaningless: an unknown kind; a size that is not a positive number; a relative effect
+    on an interaction or a steps saving (it would be a share of the baseline's mean of a
+    difference, or of a share of steps); a steps saving or an interaction without an
+    absolute effect (a metric's default is in the metric's units, not in steps);
+    ``fraction`` outside (0, 1); a threshold without ``threshold``."""
+    name = claim.get("id", claim.get("claim", "?"))
+    kind = claim.get("kind", "superiority")
+
+    def fail(key: str, why: str) -> None:
+        raise ClaimSpecError(f"claim {name!r}: key {key!r}: {why}")
+
+    if kind not in KINDS:
+        fail("kind", f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
+    for key in _POSITIVE:
+        value = claim.get(key)
+        if key in claim and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                 and math.isfinite(value) and value > 0):
+            fail(key, f"must be a positive number (got {value!r})")
+    fraction = claim.get("fraction", FRACTION)
+    if not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
+        fail("fraction", f"must lie strictly between 0 and 1 (got {fraction!r})")
+    steps = claim.get("statistic") == "steps_saving"
+    if steps or kind == "interaction":
+        what = "a steps saving" if steps else "an interaction"
+        for key in ("effect_relative", "margin_relative"):
+            if key in claim:
+                fail(key, f"a relative size is undefined for {what} (declare 'effect')")
+        if "paper_effect" not in claim and "effect" not in claim:
+            fail("paper_effect" if steps else "effect",
+                 f"{what} needs an absolute size (the metric's default is in its own units)")
+    if kind == "threshold" and not isinstance(claim.get("threshold"), (int, float)):
+        fail("threshold", "a threshold claim needs a number")
+    if kind == "threshold" and claim.get("threshold") == 0 and "tolerance" not in claim:
+        fail("tolerance", "a threshold of 0 needs a declared tolerance")
+    if kind == "interaction":
+        contrast = claim.get("contrast") or {}
+        if "key" not in contrast or len(contrast.get("values") or []) != 2:
+            fail("contrast", "an interaction needs contrast.key and two contrast.values")
+
+
+# --- verdict rules on intervals (each tested on fixed numbers) ----------------------------
+
+def superiority_verdict(low: float, high: float, target: float, claimed: float) -> str:
+    """Return the verdict of a gain with 95 % interval [low, high] (docs "Verdict rules").
+
+    reproduced: the interval excludes every gain up to ``target`` (the share of the paper's
+    effect, or of the smallest effect of interest, that counts); contradicted: it excludes
+    every gain from the target up; smaller than claimed: it excludes ``claimed`` (the paper's
+    effect) but not the target; underpowered: it holds both. Every true gain is decided with
+    enough seeds: above the target by the first rule, below ``claimed`` by the others.
     """
-    if high < 0 or (low <= 0 and high < target):
-        return "contradicted"
-    if low > 0 and estimate >= target:
+    if low > target:
         return "reproduced"
-    if low > 0 and high < paper_effect:
+    if high < target:
+        return "contradicted"
+    if high < claimed:
         return "smaller than claimed"
     return "underpowered"
 
 
 def non_inferiority_verdict(low: float, high: float, margin: float) -> str:
     """reproduced when the 95 % interval of the gain is above ``-margin``, contradicted when
-    it is wholly below, underpowered otherwise."""
-    if low > -margin:
+    wholly below it, smaller than claimed when below 0 (worse than the baseline, within
+    or at the margin), underpowered otherwise."""
+    return superiority_verdict(low, high, -margin, 0.0)
+
+
+def equivalence_verdict(low: float, high: float, margin: float) -> str:
+    """reproduced when the 95 % interval lies inside (-margin, margin) (TOST, 2.5 % a side),
+    contradicted when it lies wholly outside, smaller than claimed when it excludes 0 (a
+    difference is shown, not one beyond the margin; the claims table reads this from the
+    97.5 % interval, both directions within the 2.5 % budget), underpowered otherwise."""
+    if -margin < low and high < margin:
         return "reproduced"
-    if high < -margin:
+    if low > margin or high < -margin:
         return "contradicted"
-    return "underpowered"
-
-
-def equivalence_verdict(low90: float, high90: float, margin: float) -> str:
-    """reproduced when the 90 % interval lies inside (-margin, margin) (TOST at 5 %),
-    contradicted when it lies wholly outside, underpowered otherwise."""
-    if -margin < low90 and high90 < margin:
-        return "reproduced"
-    if low90 >= margin or high90 <= -margin:
-        return "contradicted"
-    return "underpowered"
-
-
-def threshold_verdict(low: float, high: float, threshold: float, expect: str) -> str:
-    """reproduced when the 95 % interval of the mean is wholly on the claimed side of
-    ``threshold``, contradicted when wholly on the other side, underpowered otherwise."""
-    above, below = low > threshold, high < threshold
-    good, bad = (above, below) if expect == "above" else (below, above)
-    return "reproduced" if good else "contradicted" if bad else "underpowered"
-
-
-def combine_cells(verdicts: Sequence[str], p_against: Sequence[float]) -> str:
-    """Return the verdict of a claim made "at every" cell: reproduced when every cell is;
-    contradicted when a contradicted cell's p-value against the claim survives Holm across
-    the cells; smaller than claimed when every cell is reproduced or smaller; underpowered
-    otherwise."""
-    if all(v == "reproduced" for v in verdicts):
-        return "reproduced"
-    adjusted = holm(p_against)
-    if any(v == "contradicted" and p <= ALPHA for v, p in zip(verdicts, adjusted)):
-        return "contradicted"
-    if all(v in ("reproduced", "smaller than claimed") for v in verdicts):
+    if low > 0 or high < 0:
         return "smaller than claimed"
+    return "underpowered"
+
+
+def threshold_verdict(low: float, high: float, threshold: float, expect: str,
+                      tolerance: float) -> str:
+    """reproduced when the 95 % interval of the mean is wholly on the claimed side of
+    ``threshold``, contradicted when wholly on the other, smaller than claimed when it
+    excludes the threshold moved ``tolerance`` to the claimed side (at most marginally on
+    it), underpowered otherwise."""
+    if expect == "below":
+        low, high, threshold = -high, -low, -threshold
+    return superiority_verdict(low, high, threshold, threshold + tolerance)
+
+
+def decide(p_for: float, p_against: float, p_smaller: float, level: float = ALPHA) -> str:
+    """Return the verdict from the claim's three p-values (ALPHA scale, Holm-adjusted within
+    a paper): reproduced when the test for the claim rejects at ``level``; otherwise
+    contradicted when the tests of the claimed effect and of the target both reject, smaller
+    than claimed when only the first does; underpowered otherwise."""
+    if p_for <= level:
+        return "reproduced"
+    if p_smaller <= level:
+        return "contradicted" if p_against <= level else "smaller than claimed"
     return "underpowered"
 
 
@@ -211,15 +276,19 @@ class CellResult:
 
     label: str
     values: list[float]           # per-seed gains (or metric values, threshold claims)
-    low: float = math.nan         # the interval the verdict reads (95 %; 90 % for TOST)
+    low: float = math.nan         # the 95 % interval the verdict reads
     high: float = math.nan
     estimate: float = math.nan
     verdict: str = "not run"
-    p_for: float = math.nan       # p-value of the claim's test (ALPHA scale)
-    p_against: float = math.nan   # p-value of the contradiction test (ALPHA scale)
-    seeds_needed: int | None = None
-    target: float = math.nan      # the effect or margin the verdict compares with
-    paper: float = math.nan       # the paper's number, in the same units
+    p_for: float = math.nan       # H0: the gain is at most the target (ALPHA scale)
+    p_against: float = math.nan   # H0: the gain is at least the target
+    p_smaller: float = math.nan   # H0: the gain is at least the claimed effect
+    target: float = math.nan      # the effect, margin or threshold the verdict compares with
+    paper: float = math.nan       # the claimed effect (the paper's, or the declared one)
+    sd: float = math.nan          # the spread of the values (for the seeds hint)
+    exact: bool = False           # decided by the exact sign-flip test
+    failed: list[int] = field(default_factory=list)   # seeds whose method run failed
+    failed_baseline: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -272,74 +341,99 @@ def _gains(claim: dict[str, Any], mine: dict[int, dict], base: dict[int, dict]) 
             for s in sorted(set(mine) & set(base))}
 
 
-def _difference_cell(claim: dict[str, Any], gains: Sequence[float], baseline_mean: float,
-                     label: str) -> CellResult:
-    """Test one cell's gains by the claim's kind (superiority, non-inferiority, equivalence)."""
+def _failed(claim: dict[str, Any], records: list[dict[str, Any]], method: str | None,
+            where: dict[str, Any], usable: Iterable[int]) -> list[int]:
+    """Return the seeds of ``method`` in the cell whose run failed (status ``failed``, or
+    completed without a finite ``metric``) and that have no usable run."""
+    metric = claim["metric"] if claim.get("statistic") != "steps_saving" else ""
+    bad = {int(r["seed"]) for r in select(records, method, where, _sweeps(claim))
+           if "seed" in r and (r.get("status") == "failed"
+                               or (metric and _metric(r, metric) is None))}
+    return sorted(bad - set(usable))
+
+
+def _edges(claim: dict[str, Any], baseline_mean: float) -> tuple[float, float]:
+    """Return (target, claimed) of a difference claim in gain units: the gain the claim must
+    be shown to exceed, and the effect the paper (or the declared smallest effect of
+    interest) states; for equivalence (margin, 0)."""
     kind = claim["kind"]
-    cell = CellResult(label, list(gains))
-    interval = t_interval(gains)
-    cell.estimate = interval.mean
-    if interval.n < 2:
-        cell.verdict = "underpowered" if interval.n else "not run"
-        return cell
-    sd = float(np.std(gains, ddof=1))
-    if kind == "equivalence":
-        cell.target = _scaled(claim, "margin", baseline_mean)
-        ninety = t_interval(gains, level=1 - 2 * ALPHA)
-        cell.low, cell.high = ninety.low, ninety.high
-        cell.verdict = equivalence_verdict(cell.low, cell.high, cell.target)
-        cell.p_for = tost(gains, -cell.target, cell.target)
-        # contradicted: the 90 % interval wholly outside the margin (one side at 5 %)
-        cell.p_against = min(one_sided_p(gains, cell.target, "greater"),
-                             one_sided_p(gains, -cell.target, "less"))
-        cell.seeds_needed = seeds_for_tost(sd, cell.target)
-        return cell
-    cell.low, cell.high = interval.low, interval.high
-    if kind == "non_inferiority":
-        cell.target = _scaled(claim, "margin", baseline_mean)
-        cell.verdict = non_inferiority_verdict(cell.low, cell.high, cell.target)
-        cell.p_for = min(1.0, 2 * one_sided_p(gains, -cell.target, "greater"))
-        cell.p_against = min(1.0, 2 * one_sided_p(gains, -cell.target, "less"))
-        cell.seeds_needed = seeds_for_power(sd, cell.target)
-        return cell
+    if kind in ("non_inferiority", "equivalence"):
+        margin = _scaled(claim, "margin", baseline_mean)
+        return (-margin, 0.0) if kind == "non_inferiority" else (margin, 0.0)
     paper = claim.get("paper_effect")
-    if paper is not None:
-        cell.paper = float(paper)
-        cell.target = float(claim.get("fraction", FRACTION)) * cell.paper
+    claimed = float(paper) if paper is not None else _scaled(claim, "effect", baseline_mean)
+    return float(claim.get("fraction", FRACTION)) * claimed, claimed
+
+
+def _test(cell: CellResult, target: float, claimed: float, *, equivalence: bool = False,
+          exact: bool = False, sign: float = 1.0,
+          rng: np.random.Generator | None = None) -> CellResult:
+    """Fill ``cell``'s interval, p-values and verdict from its values (``sign`` -1 tests the
+    negated values: a threshold expected below). A t test, or the exact sign-flip test when
+    ``exact`` or when the values have no spread (docs "Verdict rules")."""
+    x = sign * np.asarray(cell.values, dtype=float)
+    cell.target, cell.paper = sign * target, sign * claimed
+    if len(x) < 2:
+        cell.estimate = float(np.mean(cell.values)) if len(x) else math.nan
+        cell.verdict = "underpowered" if len(x) else "not run"
+        return cell
+    cell.sd = float(np.std(x, ddof=1))
+    cell.exact = bool(exact or no_spread(x))
+
+    def p(null: float, alternative: str) -> float:
+        return one_sided_p(x, null, alternative, exact=cell.exact, rng=rng)
+
+    if equivalence:
+        margin = target
+        tost_p = (max(p(-margin, "greater"), p(margin, "less")) if cell.exact
+                  else tost(x, -margin, margin))
+        cell.p_for = min(1.0, 2 * tost_p)
+        cell.p_against = min(1.0, 2 * min(p(margin, "greater"), p(-margin, "less")))
+        # a difference in either direction: two one-sided tests, Bonferroni (2.5 % in all)
+        cell.p_smaller = min(1.0, 4 * min(p(0.0, "greater"), p(0.0, "less")))
     else:
-        cell.target = _scaled(claim, "effect", baseline_mean)
-        cell.paper = cell.target
-    cell.verdict = superiority_verdict(cell.low, cell.high, cell.estimate, cell.target,
-                                       cell.paper)
-    cell.p_for = min(1.0, 2 * one_sided_p(gains, 0.0, "greater"))
-    cell.p_against = min(1.0, 2 * one_sided_p(gains, cell.target, "less"))
-    cell.seeds_needed = seeds_for_power(sd, cell.target)
+        cell.p_for = min(1.0, 2 * p(target, "greater"))
+        cell.p_against = min(1.0, 2 * p(target, "less"))
+        cell.p_smaller = min(1.0, 2 * p(claimed, "less"))
+    if cell.exact:
+        low, high = sign_flip_interval(x, 1 - ALPHA)
+    else:
+        interval = t_interval(x, 1 - ALPHA)
+        low, high = interval.low, interval.high
+    cell.estimate = sign * float(x.mean())
+    cell.low, cell.high = (low, high) if sign > 0 else (-high, -low)
+    cell.verdict = decide(cell.p_for, cell.p_against, cell.p_smaller)
     return cell
 
 
-def _threshold_cell(claim: dict[str, Any], values: Sequence[float], label: str) -> CellResult:
-    cell = CellResult(label, list(values))
-    interval = t_interval(values)
-    cell.estimate, cell.low, cell.high = interval.mean, interval.low, interval.high
-    cell.target = float(claim["threshold"])
-    if interval.n < 2:
-        cell.verdict = "underpowered" if interval.n else "not run"
+def _difference_cell(claim: dict[str, Any], gains: Sequence[float], baseline_mean: float,
+                     label: str, *, exact: bool = False,
+                     rng: np.random.Generator | None = None) -> CellResult:
+    """Test one cell's gains by the claim's kind (superiority, non-inferiority, equivalence,
+    interaction)."""
+    cell = CellResult(label, list(gains))
+    if not cell.values:
         return cell
-    expect = claim.get("expect", "above")
-    side = "greater" if expect == "above" else "less"
-    cell.verdict = threshold_verdict(cell.low, cell.high, cell.target, expect)
-    cell.p_for = min(1.0, 2 * one_sided_p(values, cell.target, side))
-    cell.p_against = min(1.0, 2 * one_sided_p(values, cell.target, "less" if side ==
-                                              "greater" else "greater"))
-    cell.seeds_needed = seeds_for_power(float(np.std(values, ddof=1)),
-                                        abs(cell.estimate - cell.target))
+    target, claimed = _edges(claim, baseline_mean)
+    return _test(cell, target, claimed, equivalence=claim["kind"] == "equivalence",
+                 exact=exact, rng=rng)
+
+
+def _threshold_cell(claim: dict[str, Any], values: Sequence[float], label: str) -> CellResult:
+    threshold = float(claim["threshold"])
+    tolerance = float(claim.get("tolerance", THRESHOLD_TOLERANCE * abs(threshold)))
+    sign = 1.0 if claim.get("expect", "above") == "above" else -1.0
+    cell = _test(CellResult(label, list(values)), sign * threshold, sign * threshold + tolerance,
+                 sign=sign)
+    cell.paper = threshold + sign * tolerance
     return cell
 
 
 def _steps_cell(claim: dict[str, Any], mine: dict[int, dict], base: dict[int, dict],
                 label: str, stream: np.random.SeedSequence) -> CellResult:
     """Steps saved per seed, less the mean saving of baseline-versus-baseline pairs (the
-    first-crossing bias of a noisy curve), tested as a superiority gain."""
+    first-crossing bias of a noisy curve), tested as a superiority gain by the exact
+    sign-flip test (the saving is discrete and skewed: a t test does not hold)."""
     from dpbench.analysis.steps_to_target import saving
 
     metric = claim["metric"]
@@ -351,18 +445,19 @@ def _steps_cell(claim: dict[str, Any], mine: dict[int, dict], base: dict[int, di
     censored = sum(1 for p in pairs if p is not None and not p[1])
     null_censored = sum(1 for p in null_pairs if p is not None and not p[1])
     null_mean = float(np.mean(null)) if null else math.nan
+    test_stream, null_stream = stream.spawn(2)
     cell = _difference_cell({**claim, "kind": "superiority"},
-                            [v - null_mean for v in observed], math.nan, label)
-    cell.values = [v - null_mean for v in observed]
+                            [v - null_mean for v in observed], math.nan, label, exact=True,
+                            rng=np.random.default_rng(test_stream))
     prefix = f"{label}: " if label else ""
     if not observed:
         return cell
     cell.notes.append(
-        f"{prefix}raw saving {np.mean(observed) if observed else math.nan:.3f}, "
+        f"{prefix}raw saving {np.mean(observed):.3f}, "
         f"{censored}/{len(observed)} never reached; null of {len(null)} baseline pairs "
         f"({null_censored} never reached): mean {null_mean:.3f}, P(null mean of "
         f"{len(observed)} >= {cell.paper:.3f}) = "
-        f"{null_exceeds(null, len(observed), cell.paper, stream):.2f}")
+        f"{null_exceeds(null, len(observed), cell.paper, null_stream):.2f}")
     return cell
 
 
@@ -376,11 +471,12 @@ def null_exceeds(null: Sequence[float], n: int, value: float,
     return float(np.mean(means >= value - 1e-12))
 
 
-def _interaction_gains(claim: dict[str, Any], records: list[dict[str, Any]]) -> tuple:
+def _interaction_gains(claim: dict[str, Any], records: list[dict[str, Any]],
+                       everything: list[dict[str, Any]]) -> tuple:
     """Return per seed the gain at the first contrast value minus the gain at the second,
-    the two gaps by seed, the notes and the records used."""
+    the two gaps by seed, the notes, the records used and the failed seeds of each side."""
     contrast = claim["contrast"]
-    gaps, notes, used = [], [], []
+    gaps, notes, used, failed, failed_base = [], [], [], [], []
     for value in contrast["values"]:
         cell = {**(claim.get("where") or {}), contrast["key"]: value}
         label = f"{contrast['key'].split('.')[-1]}={value}"
@@ -388,44 +484,63 @@ def _interaction_gains(claim: dict[str, Any], records: list[dict[str, Any]]) -> 
         gaps.append(_gains(claim, mine, base))
         notes += missing
         used += list(mine.values()) + list(base.values())
+        failed += _failed(claim, everything, claim["method"],
+                          {**cell, **claim.get("method_where", {})}, mine)
+        failed_base += _failed(claim, everything, claim["baseline"],
+                               {**cell, **claim.get("baseline_where", {})}, base)
     first, second = gaps
     seeds = sorted(set(first) & set(second))
     if dropped := sorted(set(first) ^ set(second)):
         notes.append(f"seed(s) {', '.join(map(str, dropped))} lack one of the two gaps")
-    return [first[s] - second[s] for s in seeds], gaps, notes, used
+    return ([first[s] - second[s] for s in seeds], gaps, notes, used,
+            sorted(set(failed)), sorted(set(failed_base)))
+
+
+def _completed(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("status", "completed") == "completed"]
 
 
 def evaluate_claim(claim: dict[str, Any], records: list[dict[str, Any]],
                    seed: int = NULL_SEED) -> dict[str, Any]:
-    """Return the claim with its cells, ``measured`` text, ``verdict``, ``p`` (its test, on
-    the ALPHA scale), ``p_improvement``, ``seeds_needed`` and ``notes``; the multiplicity
-    columns are added by ``adjust``."""
+    """Return the claim with its cells, ``measured`` text, ``verdict`` (alone: a family of
+    one; ``adjust`` decides within the paper), the p-values ``p_for`` / ``p_against`` /
+    ``p_smaller`` (ALPHA scale), ``p_improvement``, ``seeds_needed`` and ``notes``.
+
+    ``records`` may hold failed runs: a seed whose method run failed counts as the worst
+    outcome (the claim cannot be reproduced; a verdict against it on the other seeds
+    stands), one whose baseline run failed leaves the claim "failed runs".
+    """
+    validate_claim(claim)
     kind = claim.get("kind", "superiority")
-    if kind not in KINDS:
-        raise ValueError(f"claim {claim.get('id', claim['claim'])!r}: unknown kind {kind!r} "
-                         f"(known: {', '.join(KINDS)})")
     claim = {**claim, "kind": kind}
+    everything, records = list(records), _completed(records)
     where = claim.get("where") or {}
     cells: list[CellResult] = []
     notes: list[str] = []
     used: list[dict[str, Any]] = []
+    improvement: list[float] = []
+    streams = np.random.SeedSequence(seed).spawn(max(1, len(_cells(where))) + 1)
     if kind == "interaction":
-        diffs, gaps, notes, used = _interaction_gains(claim, records)
-        cell = _difference_cell({**claim, "kind": "superiority"}, diffs, math.nan,
-                                "difference of gaps")
+        diffs, gaps, notes, used, failed, failed_base = _interaction_gains(
+            claim, records, everything)
+        cell = _difference_cell(claim, diffs, math.nan, "difference of gaps")
+        cell.failed, cell.failed_baseline = failed, failed_base
         cells.append(cell)
+        improvement = [g for gap in gaps for g in gap.values()]  # A against B in each run
         gap_text = "; ".join(f"gap at {v}: {t_interval(list(g.values())).format(3)}"
                              for v, g in zip(claim["contrast"]["values"], gaps))
         notes.insert(0, gap_text)
-    streams = np.random.SeedSequence(seed).spawn(max(1, len(_cells(where))))
-    for cell_where, stream in zip(_cells(where), streams):
+    for cell_where, stream in zip(_cells(where), streams[1:]):
         if kind == "interaction":
             break
         label = _cell_label(cell_where, where)
         if kind == "threshold":
             runs = select(records, claim.get("method"), cell_where, _sweeps(claim))
-            values = [v for r in runs if (v := _metric(r, claim["metric"])) is not None]
-            cells.append(_threshold_cell(claim, values, label))
+            values = {int(r["seed"]): v for r in runs
+                      if (v := _metric(r, claim["metric"])) is not None}
+            cells.append(_threshold_cell(claim, list(values.values()), label))
+            cells[-1].failed = _failed(claim, everything, claim.get("method"), cell_where,
+                                       values)
             used += runs
             continue
         mine, base, missing = _pairs(claim, records, cell_where, label)
@@ -433,36 +548,105 @@ def evaluate_claim(claim: dict[str, Any], records: list[dict[str, Any]],
         used += list(mine.values()) + list(base.values())
         if claim.get("statistic") == "steps_saving":
             cells.append(_steps_cell(claim, mine, base, label, stream))
+            improvement += cells[-1].values
         else:
             gains = _gains(claim, mine, base)
             base_mean = float(np.mean([_metric(base[s], claim["metric"]) for s in gains])) \
                 if gains else math.nan
             cells.append(_difference_cell(claim, list(gains.values()), base_mean, label))
+            improvement += list(gains.values())
+        cells[-1].failed = _failed(claim, everything, claim["method"],
+                                   {**cell_where, **claim.get("method_where", {})}, mine)
+        cells[-1].failed_baseline = _failed(
+            claim, everything, claim["baseline"],
+            {**cell_where, **claim.get("baseline_where", {})}, base)
         notes += cells[-1].notes
-    if not any(c.values for c in cells):
-        verdict = "not run"
-    elif len(cells) == 1:
-        verdict = cells[0].verdict
-    else:
-        verdict = combine_cells([c.verdict for c in cells], [c.p_against for c in cells])
     edge = sorted({f"{r.get('method_name')} {_cell_text(r)}" for r in used
                    if (lookup(r, "tuning.at_grid_edge") is True)})
     if edge:
         notes.append("learning rate at the grid's edge: " + ", ".join(edge))
-    gains = [v for c in cells for v in c.values] if kind != "threshold" else []
     if missing_cells := [c.label or "all" for c in cells if not c.values]:
         notes.append(f"no runs yet: {', '.join(missing_cells)}")
-    return {**claim, "cells": [c.__dict__ for c in cells],
-            "measured": _measured(cells, claim.get("digits", 3)) or "no runs",
-            "verdict": verdict, "edge": bool(edge),
-            # the claim holds only if every cell does: its p-value is the largest (IUT)
-            "p": max((c.p_for for c in cells), default=math.nan)
-            if all(math.isfinite(c.p_for) for c in cells) else math.nan,
-            "p_improvement": probability_of_improvement(gains) if gains else math.nan,
-            "seeds_needed": (None if verdict in ("reproduced", "smaller than claimed",
-                                                 "contradicted", "not run")
-                             else _max_needed([c.__dict__ for c in cells])),
-            "notes": notes}
+    for c in cells:
+        prefix = f"{c.label}: " if c.label else ""
+        if c.failed:
+            notes.append(f"{prefix}{claim.get('method')} failed on seed(s) "
+                         f"{', '.join(map(str, c.failed))} (the worst outcome: the claim "
+                         f"cannot be reproduced)")
+        if c.failed_baseline:
+            notes.append(f"{prefix}{claim.get('baseline')} failed on seed(s) "
+                         f"{', '.join(map(str, c.failed_baseline))}")
+        if c.exact and len(c.values) >= 2:
+            notes.append(f"{prefix}decided by the exact sign-flip test"
+                         + (" (no spread)" if no_spread(c.values) else ""))
+    row = {**claim, "cells": [c.__dict__ for c in cells],
+           "measured": _measured(cells, claim.get("digits", 3)) or "no runs",
+           "edge": bool(edge), "p_improvement": probability_of_improvement(improvement)
+           if improvement else math.nan, "notes": notes, **_claim_p(cells)}
+    row["failed"] = any(c.failed for c in cells)
+    row["failed_baseline"] = any(c.failed_baseline for c in cells)
+    return _with_verdict(row)
+
+
+def _claim_p(cells: Sequence[CellResult]) -> dict[str, float]:
+    """Return the claim's p-values from its cells: the claim holds only if every cell does
+    (intersection-union: its p is the largest cell's), and fails if any cell does (a union:
+    the smallest cell p times the cells tested, Bonferroni)."""
+    tested = [c for c in cells if len(c.values) >= 2]
+    if not tested:
+        return {"p_for": math.nan, "p_against": math.nan, "p_smaller": math.nan}
+    k = len(tested)
+    return {"p_for": max(c.p_for for c in tested) if len(tested) == len(cells) else math.nan,
+            "p_against": min(1.0, k * min(c.p_against for c in tested)),
+            "p_smaller": min(1.0, k * min(c.p_smaller for c in tested))}
+
+
+def _with_verdict(row: dict[str, Any], family: int = 1,
+                  adjusted: tuple[float, float, float] | None = None) -> dict[str, Any]:
+    """Return ``row`` with ``verdict``, ``p`` (the deciding test's), ``p_test``, ``p_holm`` and
+    ``seeds_needed`` for a paper family of ``family`` claims; ``adjusted``: the claim's Holm
+    p-values (for, against, claimed effect) within its family (alone: its own p-values)."""
+    failed, failed_baseline = row.get("failed", False), row.get("failed_baseline", False)
+    p_for = 1.0 if failed or failed_baseline else row.get("p_for", math.nan)
+    p_against, p_smaller = row.get("p_against", math.nan), row.get("p_smaller", math.nan)
+    holm_for, holm_against, holm_smaller = adjusted or (p_for, p_against, p_smaller)
+    if not any(c["values"] for c in row.get("cells", [])):
+        verdict = "not run"
+    else:
+        verdict = decide(holm_for, holm_against, holm_smaller)
+        if failed_baseline or (failed and verdict not in AGAINST):
+            verdict = "failed runs"
+    if verdict == "contradicted":
+        test, p, p_holm = "against", p_against, max(holm_against, holm_smaller)
+    elif verdict == "smaller than claimed":
+        test, p, p_holm = "claimed effect", p_smaller, holm_smaller
+    else:
+        test, p, p_holm = "for", row.get("p_for", math.nan), holm_for
+    undecided = verdict == "underpowered"   # more seeds do not mend a failed run
+    return {**row, "verdict": verdict, "p": p, "p_test": test, "p_holm": p_holm,
+            "seeds_needed": seeds_hint(row, family) if undecided else None}
+
+
+def seeds_hint(row: dict[str, Any], family: int = 1) -> int | str:
+    """Return the seeds at which the rule as implemented decides the claim with probability
+    POWER when the true effect is the claimed one (twice the target; for non-inferiority and
+    equivalence no difference; for a threshold the threshold plus its tolerance): the joint
+    noncentral-t power of every cell at the Holm level of a family of ``family`` claims
+    (alpha / family, its first step), each cell's standard deviation taken at its
+    SD_CONFIDENCE upper bound; never fewer than one more than already run. ">1000" when out
+    of reach, "—" when no cell has two values."""
+    cells = [c for c in row["cells"] if len(c["values"]) >= 2]
+    if len(cells) < len(row["cells"]) or not cells:
+        return "—"
+    alpha = ALPHA / 2 / max(1, family)
+    effect = abs(cells[0]["paper"] - cells[0]["target"]) if row["kind"] != "equivalence" \
+        else abs(cells[0]["target"])
+    sds = [sd_upper_bound(c["sd"], len(c["values"])) for c in cells]
+    min_n = max(len(c["values"]) for c in cells) + 1
+    if any(c["exact"] for c in cells):
+        min_n = max(min_n, exact_min_n(alpha))
+    n = seeds_for_power(sds, effect, alpha, tost=row["kind"] == "equivalence", min_n=min_n)
+    return n if n is not None else ">1000"
 
 
 def _sweeps(claim: dict[str, Any]) -> list[str] | None:
@@ -473,16 +657,6 @@ def _sweeps(claim: dict[str, Any]) -> list[str] | None:
 def _cell_text(record: dict[str, Any]) -> str:
     eps = record.get("target_epsilon")
     return f"eps={eps:g}" if isinstance(eps, (int, float)) else "(no target)"
-
-
-def _max_needed(cells: Sequence[dict[str, Any]]) -> int | str:
-    """Return the most seeds any undecided cell with at least two pairs needs (">1000" when
-    one is out of reach, "—" when no cell can say)."""
-    needed = [c["seeds_needed"] for c in cells if len(c["values"]) >= 2
-              and c["verdict"] not in ("reproduced", "smaller than claimed")]
-    if any(n is None for n in needed):
-        return ">1000"
-    return max(needed, default="—")
 
 
 def _measured(cells: Sequence[CellResult], digits: int) -> str:
@@ -501,26 +675,41 @@ def _measured(cells: Sequence[CellResult], digits: int) -> str:
 
 
 def adjust(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Return ``rows`` with ``p_holm`` (Holm within each paper) and ``q_bh`` (Benjamini-
-    Hochberg over the table), diagnostics left out of both; a reproduced or smaller-than-
-    claimed verdict whose Holm p exceeds ALPHA becomes underpowered."""
-    tested = [i for i, r in enumerate(rows) if not r.get("diagnostic")
-              and math.isfinite(r.get("p", math.nan))]
-    q = benjamini_hochberg([rows[i]["p"] for i in tested])
-    out = [{**r, "p_holm": math.nan, "q_bh": math.nan} for r in rows]
-    for i, value in zip(tested, q):
+    """Return ``rows`` decided within each paper (diagnostics each on their own), Holm on
+    each side: reproduced when Holm over the paper's p_for rejects; smaller than claimed when
+    Holm over the paper's p_smaller rejects; contradicted when Holm over the paper's
+    p_against rejects too. Adds ``p_holm`` (of the deciding test) and ``q_bh``
+    (Benjamini-Hochberg of p_for over the table, diagnostics excluded); a verdict lost to
+    Holm is noted."""
+    def family_of(r: dict[str, Any]) -> bool:
+        return not r.get("diagnostic")
+
+    def p_for(r: dict[str, Any]) -> float:
+        return 1.0 if r.get("failed") or r.get("failed_baseline") else r.get("p_for", math.nan)
+
+    tested = [i for i, r in enumerate(rows) if family_of(r) and math.isfinite(p_for(r))]
+    out = [dict(r) for r in rows]
+    for i, value in zip(tested, benjamini_hochberg([p_for(rows[i]) for i in tested])):
         out[i]["q_bh"] = value
+    for r in out:
+        r.setdefault("q_bh", math.nan)
     for paper in dict.fromkeys(r.get("paper") for r in rows):
-        family = [i for i in tested if rows[i].get("paper") == paper]
-        for i, value in zip(family, holm([rows[i]["p"] for i in family])):
-            out[i]["p_holm"] = value
-            if out[i]["verdict"] in ("reproduced", "smaller than claimed") and value > ALPHA:
-                out[i]["notes"] = [*out[i]["notes"], f"{out[i]['verdict']} before Holm "
-                                   f"(Holm p {value:.3f} > {ALPHA})"]
-                out[i]["verdict"] = "underpowered"
-                out[i]["seeds_needed"] = _max_needed(
-                    [{**c, "verdict": "underpowered"} for c in out[i]["cells"]])
+        family = [i for i, r in enumerate(rows) if r.get("paper") == paper and family_of(r)]
+        adjusted = list(zip(*(holm([f(rows[i]) for i in family]) for f in (
+            p_for, lambda r: r.get("p_against", math.nan),
+            lambda r: r.get("p_smaller", math.nan)))))
+        for i, holm_p in zip(family, adjusted):
+            before = rows[i].get("verdict")
+            out[i] = _with_verdict(out[i], len(family), tuple(_finite_or(p) for p in holm_p))
+            if before != out[i]["verdict"] and before not in ("not run", "failed runs"):
+                out[i]["notes"] = [*out[i]["notes"], f"{before} before Holm over the "
+                                   f"paper's {len(family)} claims (Holm p "
+                                   f"{_p(out[i]['p_holm'])})"]
     return out
+
+
+def _finite_or(value: float, default: float = math.nan) -> float:
+    return value if math.isfinite(value) else default
 
 
 def _number(value: Any, digits: int = 3) -> str:
@@ -532,20 +721,26 @@ def _number(value: Any, digits: int = 3) -> str:
 
 
 def _p(value: Any) -> str:
+    """A p-value to 4 decimals (0.0496 and 0.0504 stay apart), below 1e-4 as "<0.0001"."""
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         return "—"
-    return "<0.001" if value < 0.001 else f"{value:.3f}"
+    return "<0.0001" if value < 1e-4 else f"{value:.4f}"
 
 
 def target_text(row: dict[str, Any]) -> str:
-    """Return what the verdict compares with: the target effect, margin or threshold."""
-    targets = sorted({round(c["target"], 4) for c in row.get("cells", [])
-                      if math.isfinite(c["target"])})
+    """Return what the verdict compares with: the target effect, margin or threshold, and the
+    claimed effect beyond it."""
+    cells = [c for c in row.get("cells", []) if math.isfinite(c["target"])]
+    targets = sorted({round(c["target"], 4) for c in cells})
     if not targets:
         return "—"
-    name = {"equivalence": "±", "non_inferiority": "> −", "threshold": "vs "}.get(
-        row["kind"], "≥ ")
-    return name + " / ".join(f"{t:g}" for t in targets)
+    kind = row["kind"]
+    name = {"equivalence": "±", "non_inferiority": "> ", "threshold": "vs "}.get(kind, "> ")
+    text = name + " / ".join(f"{t:g}" for t in targets)
+    claimed = sorted({round(c["paper"], 4) for c in cells if math.isfinite(c["paper"])})
+    if kind in ("superiority", "interaction", "threshold") and claimed:
+        text += " (claimed " + " / ".join(f"{t:g}" for t in claimed) + ")"
+    return text
 
 
 def claims_markdown(rows: list[dict[str, Any]], figures: Sequence[str] = ()) -> str:
@@ -553,13 +748,15 @@ def claims_markdown(rows: list[dict[str, Any]], figures: Sequence[str] = ()) -> 
     from dpbench.analysis.tables import markdown_text
 
     head = ("| paper | claim | kind | paper's number | target | dpbench gain [95 % CI] (n) "
-            "| P(A>B) | p | Holm p | BH q | verdict | seeds needed | notes | command |")
+            "| P(A>B) | p (test) | Holm p | BH q | verdict | seeds needed | notes | command |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for row in rows:
         verdict = row["verdict"] + (" †" if row.get("edge") else "")
+        p_text = _p(row.get("p")) + (f" ({row['p_test']})" if row.get("p_test")
+                                     and math.isfinite(row.get("p", math.nan)) else "")
         cells = [row.get("paper", ""), row.get("claim", ""), row.get("kind", ""),
                  row.get("paper_value", ""), target_text(row), row.get("measured", ""),
-                 _number(row.get("p_improvement"), 2), _p(row.get("p")),
+                 _number(row.get("p_improvement"), 2), p_text,
                  _p(row.get("p_holm")), _p(row.get("q_bh")), verdict,
                  _number(row.get("seeds_needed")), "; ".join(row.get("notes", []))]
         lines.append("| " + " | ".join(markdown_text(str(c)) for c in cells)
@@ -573,14 +770,37 @@ def claims_markdown(rows: list[dict[str, Any]], figures: Sequence[str] = ()) -> 
 
 
 LEGEND = """
+Verdicts (each paper's claims are one family: a false "reproduced" and a false
+"contradicted" each at most 2.5 %, Holm within the paper; the forest plots use the same
+colours):
+- **reproduced**: the 95 % interval excludes every gain up to the target (for equivalence: it
+  lies inside the margin; non-inferiority: above minus the margin; threshold: on the claimed
+  side).
+- **smaller than claimed**: the interval excludes the paper's effect (or the declared smallest
+  effect of interest) but not the target; for non-inferiority: worse than the baseline, not
+  beyond the margin; equivalence: a difference is shown, not one beyond the margin;
+  threshold: at most marginally on the claimed side.
+- **contradicted**: the interval excludes the target and everything beyond it (equivalence:
+  it lies wholly outside the margin).
+- **underpowered**: the interval holds both the target and the claimed effect; more seeds
+  decide it (the seeds needed).
+- **failed runs**: a run of the claim failed; failures count as the worst outcome, so the
+  claim cannot be reproduced (a verdict against it on the other seeds stands).
+- **not run**: no runs yet.
+
 Gain: method minus baseline paired by seed, signed so that positive is in the claim's favour
-(baseline minus method for RMSE and ECE); 90 % interval for equivalence (TOST). Target: the
-share of the paper's effect (or the smallest effect of interest) a superiority claim must
-reach, the margin of an equivalence or non-inferiority claim, a threshold's value. P(A>B):
-the share of seeds on which the method wins. p: the claim's test (one-sided, doubled; TOST
-for equivalence; an "at every" claim takes its largest cell p). Holm p: adjusted within the
-paper; BH q: Benjamini-Hochberg over the table (diagnostics excluded). Seeds needed: per cell,
-for 80 % power at the target from the observed spread (undecided claims). † a learning rate
-was chosen at the edge of its grid in one of the claim's cells: the verdict is provisional.
-Rules: docs/tuning-and-claims.md, "Verdict rules".
+(baseline minus method for RMSE and ECE). Target: the share of the paper's effect (or of the
+declared effect) a superiority claim must exceed, with the claimed effect in brackets; the
+margin of an equivalence or non-inferiority claim; a threshold's value. P(A>B): the share of
+runs (seed and cell) on which the method wins. p (test): the p-value of the test that
+decided (for: the claim; claimed effect: H0 the gain reaches the claimed effect; against: H0
+the gain reaches the target), one-sided doubled (TOST for equivalence; an "at every" claim
+takes its largest cell p for, its smallest cell p against times the cells). Holm p: that
+test adjusted within the paper; BH q: Benjamini-Hochberg of the claims' p over the table
+(diagnostics excluded). Seeds needed: the seeds at which the rule decides the claim with
+80 % probability when the effect is the claimed one, every cell jointly, at the Holm level,
+from an 80 % upper bound on the spread. An exact sign-flip test replaces the t test for
+steps savings and samples without spread. † a learning rate was chosen at the edge of its
+grid in one of the claim's cells: the verdict is provisional. Rules: docs/tuning-and-claims.md,
+"Verdict rules".
 """

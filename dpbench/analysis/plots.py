@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -93,27 +94,30 @@ def pareto(frame: pd.DataFrame, x: str, y: str, path: Path, title: str = "") -> 
 #: a verdict's colour in the forest plots
 VERDICT_COLOURS = {"reproduced": "tab:green", "smaller than claimed": "tab:olive",
                    "contradicted": "tab:red", "underpowered": "tab:gray",
-                   "not run": "lightgray"}
+                   "failed runs": "tab:purple", "not run": "lightgray"}
 _LIMIT = 6.0  # forest plots clip the scaled axis here (an arrow marks a clipped end)
 
 
 def forest_points(rows: list[dict]) -> list[dict]:
     """Return one point per cell of each tested claim (thresholds are in the table only),
     on a scale where 0 is no effect and 1 the claim's target (or margin), coloured by the
-    cell's verdict (an "at every" claim's verdict is in its text)."""
+    claim's verdict as the table states it (after Holm; a cell's own verdict, where it
+    differs, is in its text)."""
     points = []
     for row in rows:
         if row.get("kind") == "threshold":
             continue
         for cell in row.get("cells", []):
             target = cell.get("target", float("nan"))
-            if not (target > 0) or not cell.get("values") or len(cell["values"]) < 2:
+            if not (abs(target) > 0) or not cell.get("values") or len(cell["values"]) < 2 \
+                    or math.isnan(cell["low"]) or math.isnan(cell["high"]):
                 continue
+            target = abs(target)
             label = row.get("id") or row["claim"][:40]
             points.append({
                 "label": f"{label} ({cell['label']})" if cell.get("label") else label,
                 "paper": row.get("paper", ""), "kind": row["kind"],
-                "verdict": cell["verdict"], "estimate": cell["estimate"] / target,
+                "verdict": row["verdict"], "estimate": cell["estimate"] / target,
                 "low": cell["low"] / target, "high": cell["high"] / target,
                 "paper_effect": (cell["paper"] / target if row["kind"] in (
                     "superiority", "interaction") and cell["paper"] > target else None),
@@ -180,10 +184,10 @@ def forest_plots(rows: list[dict], out: Path) -> list[Path]:
         mine = forest_points([r for r in rows if r.get("paper_key", r.get("paper", "")) == key])
         if mine:
             path = out / f"forest_{key}.png"
-            forest(mine, path, f"{mine[0]['paper']}: gain [95 % CI; 90 % for equivalence]")
+            forest(mine, path, f"{mine[0]['paper']}: gain [95 % CI]")
             written.append(path)
     if points:
         path = out / "forest_all.png"
-        forest(points, path, "All claims: gain [95 % CI; 90 % for equivalence] / target")
+        forest(points, path, "All claims: gain [95 % CI] / target")
         written.append(path)
     return written

@@ -27,10 +27,19 @@ from typing import Any
 
 import yaml
 
-from dpbench.analysis.claims import adjust, claims_markdown, evaluate_claim
+from dpbench.analysis.claims import (
+    VERDICTS,
+    ClaimSpecError,
+    adjust,
+    claims_markdown,
+    evaluate_claim,
+    validate_claim,
+)
 from dpbench.analysis.results import load_frame, load_records
 from dpbench.analysis.tables import cell_table, markdown_table
+from dpbench.logging.records import COMPLETED, FAILED
 from dpbench.tune.choices import CHOICES_NAME
+from dpbench.utils.progress import Progress, minutes
 
 log = logging.getLogger("dpbench.reproduce")
 SPEC_DIR = Path(__file__).resolve().parents[2] / "conf" / "reproduce"
@@ -40,11 +49,15 @@ WALL_TIME_NAME = "wall_time.json"
 
 
 def load_spec(paper: str) -> dict[str, Any]:
-    """Return the reproduction spec of ``paper`` (one of PAPERS)."""
+    """Return the reproduction spec of ``paper`` (one of PAPERS), its claims validated
+    (ClaimSpecError, one line naming the claim and the key)."""
     if paper not in PAPERS:
         raise SystemExit(f"dpbench-reproduce: unknown paper {paper!r} (known: "
                          f"{', '.join(PAPERS)}, all)")
-    return yaml.safe_load((SPEC_DIR / f"{paper}.yaml").read_text())
+    spec = yaml.safe_load((SPEC_DIR / f"{paper}.yaml").read_text())
+    for claim in spec.get("claims", []):
+        validate_claim(claim)
+    return spec
 
 
 def sweep_commands(spec: dict[str, Any], args: argparse.Namespace, out: Path) -> list[dict]:
@@ -120,23 +133,53 @@ def _claim_seeds(text: str) -> dict[str, int]:
     return out
 
 
-def run_jobs(jobs: list[dict], dry_run: bool) -> None:
-    """Run each sweep (a failing run is recorded by dpbench and the others go on)."""
+def job_runs(job: dict) -> int:
+    """Return the runs a sweep job trains: its cells (the product of the ``key=a,b``
+    overrides, seeds included) times the seeds of a tuned sweep (its searches not counted)."""
+    from dpbench.tune.search import expand_cells
+
+    if "tune" in job:
+        return len(expand_cells(job["tune"]["overrides"])) * len(job["tune"]["seeds"])
+    overrides = [w for w in job["cmd"][job["cmd"].index("-m", 3) + 1:]
+                 if "=" in w and not w.startswith("hydra")]
+    return len(expand_cells(overrides))
+
+
+def run_jobs(jobs: list[dict], dry_run: bool, progress: Progress | None = None,
+             label: str = "") -> None:
+    """Run each sweep (a failing run is recorded by dpbench and the others go on); with
+    ``progress``, count each sweep's runs when it finishes and print where the whole is."""
     for job in jobs:
+        start = time.perf_counter()
         if not dry_run:
             job["folder"].mkdir(parents=True, exist_ok=True)
         if "tune" in job:
             from dpbench.tune.cli import command_line, tune
 
-            print(command_line(**job["tune"]))
+            print(command_line(**job["tune"]), flush=True)
             if not dry_run:
                 tune(**job["tune"])
-            continue
-        print(" ".join(job["cmd"]))
-        if not dry_run:
-            with open(job["folder"].with_suffix(".log"), "w") as logfile:
-                subprocess.run(job["cmd"], stdout=logfile, stderr=subprocess.STDOUT,
-                               check=False, env={**os.environ, "WANDB_MODE": "disabled"})
+        else:
+            print(" ".join(job["cmd"]), flush=True)
+            if not dry_run:
+                with open(job["folder"].with_suffix(".log"), "w") as logfile:
+                    subprocess.run(job["cmd"], stdout=logfile, stderr=subprocess.STDOUT,
+                                   check=False, env={**os.environ, "WANDB_MODE": "disabled"})
+        if progress is not None and not dry_run:
+            runs = job_runs(job)
+            failed = len(load_records(job["folder"], status=FAILED))
+            progress.advance(runs, f"{label}{job['folder'].name}: {runs} runs ({failed} "
+                                   f"failed) in {minutes(time.perf_counter() - start)}")
+
+
+def paper_summary(paper: str, spec: dict[str, Any], out: Path,
+                  seconds: float | None) -> str:
+    """Return one line for a finished paper: its time (None: nothing was run) and its
+    claims' verdicts (decided within the paper)."""
+    rows = adjust(paper_claims(paper, spec, out))
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
+    done = f"done in {minutes(seconds)}; " if seconds is not None else ""
+    return f"{paper} {done}claims: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
 
 
 def paper_tables(spec: dict[str, Any], out: Path) -> str:
@@ -165,8 +208,9 @@ def paper_plots(spec: dict[str, Any], out: Path) -> None:
 
 
 def paper_claims(paper: str, spec: dict[str, Any], out: Path) -> list[dict[str, Any]]:
-    """Return the evaluated claims of ``paper`` over every completed run under ``out``."""
-    records = load_records(out) if out.exists() else []
+    """Return the evaluated claims of ``paper`` over every finished run under ``out`` (failed
+    runs count: ``evaluate_claim``)."""
+    records = load_records(out, status=(COMPLETED, FAILED)) if out.exists() else []
     rows = []
     for claim in spec.get("claims", []):
         rows.append({**evaluate_claim(claim, records), "paper": spec["short"],
@@ -182,7 +226,8 @@ def seeds_hint(rows: list[dict[str, Any]]) -> str:
              and isinstance(r.get("seeds_needed"), int)]
     if not lines:
         return ""
-    return ("\n## Seeds that would decide the underpowered claims (80 % power)\n\n```\n"
+    return ("\n## Seeds that would decide the undecided claims (80 % power at the claimed "
+            "effect, Holm level, every cell jointly)\n\n```\n"
             + "\n".join(lines) + "\n```\n")
 
 
@@ -245,16 +290,24 @@ def wall_time_markdown(timings: dict[str, dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[dpbench-reproduce] %(message)s")
+    try:
+        specs = {paper: load_spec(paper) for paper in args.papers}
+    except ClaimSpecError as err:  # before any run: one line naming the claim and the key
+        print(f"dpbench-reproduce: error: {err}", file=sys.stderr)
+        return 2
     timings = {}
+    outs = {paper: args.out / "reproduce" / args.scale / paper for paper in args.papers}
+    jobs = {paper: sweep_commands(specs[paper], args, outs[paper]) for paper in args.papers}
+    progress = Progress(sum(job_runs(j) for js in jobs.values() for j in js), "runs",
+                        "dpbench-reproduce")
     for paper in args.papers:
-        spec = load_spec(paper)
-        out = args.out / "reproduce" / args.scale / paper
+        spec, out = specs[paper], outs[paper]
         start = time.perf_counter()
         if args.dry_run:  # the commands only: no folder, table or claim is written
-            run_jobs(sweep_commands(spec, args, out), dry_run=True)
+            run_jobs(jobs[paper], dry_run=True)
             continue
         if not args.claims_only:
-            run_jobs(sweep_commands(spec, args, out), dry_run=False)
+            run_jobs(jobs[paper], dry_run=False, progress=progress, label=f"{paper}/")
             timings[paper] = time.perf_counter() - start
             # kept beside the runs, so a later --claims-only rebuild still shows it
             (out / WALL_TIME_NAME).write_text(json.dumps(
@@ -263,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         if out.exists():
             (out / "tables.md").write_text(paper_tables(spec, out))
             paper_plots(spec, out)
+        print(f"dpbench-reproduce: {paper_summary(paper, spec, out, timings.get(paper))}",
+              flush=True)
     if args.dry_run:
         return 0
     root = args.out / "reproduce" / args.scale

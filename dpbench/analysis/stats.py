@@ -96,84 +96,148 @@ def higher_is_better(metric: str) -> bool:
 
 # --- tests behind the claims' verdicts (docs/tuning-and-claims.md, "Verdict rules") ---------
 
-#: the level of every claim's test: a two-sided 95 % interval (one-sided 2.5 % on each side)
-#: for superiority, non-inferiority and thresholds, the 90 % interval of TOST (two one-sided
-#: 5 % tests) for equivalence; every claim's p-value is on this scale
+#: the error budget of a paper's claims: a two-sided 5 %, that is one-sided 2.5 % for a false
+#: "reproduced" and 2.5 % for a false "contradicted" (Holm within the paper on each side);
+#: every claim's p-value is on this scale (one-sided p doubled)
 ALPHA = 0.05
 #: the power at which the seeds a claim needs are computed
 POWER = 0.8
+#: the one-sided confidence of the upper bound on the standard deviation the hints use
+SD_CONFIDENCE = 0.8
+#: sign-flip tests enumerate all 2^n flips up to this n, resample beyond it
+EXACT_MAX_N = 13
+SIGN_FLIP_DRAWS = 20000
 
 
-def one_sided_p(values: Sequence[float], null: float, alternative: str) -> float:
-    """Return the one-sided t-test p-value of H0 ``mean <= null`` (alternative ``greater``)
-    or H0 ``mean >= null`` (``less``); NaN with fewer than two finite values.
+def one_sided_p(values: Sequence[float], null: float, alternative: str, *, exact: bool = False,
+                rng: np.random.Generator | None = None) -> float:
+    """Return the one-sided p-value of H0 ``mean <= null`` (alternative ``greater``) or H0
+    ``mean >= null`` (``less``); NaN with fewer than two finite values.
 
-    ``scipy.stats.ttest_1samp``; a sample without spread (where scipy gives NaN) has p 0 or 1
-    by the side its mean is on (0.5 when on ``null``).
+    ``scipy.stats.ttest_1samp``; the exact sign-flip test (``sign_flip_p``) when ``exact`` or
+    when the sample has no spread (a t-test cannot hold there: scipy's p is NaN, and a p of 0
+    would decide on two equal numbers).
     """
     x = _finite(values)
     if len(x) < 2:
         return math.nan
-    sd = float(x.std(ddof=1))
-    gap = float(x.mean()) - null
-    if sd == 0.0:
-        if gap == 0:
-            return 0.5
-        return 0.0 if (gap > 0) == (alternative == "greater") else 1.0
+    if exact or no_spread(x):
+        return sign_flip_p(x, null, alternative, rng)
     return float(stats.ttest_1samp(x, null, alternative=alternative).pvalue)
+
+
+def sign_flip_p(values: Sequence[float], null: float, alternative: str,
+                rng: np.random.Generator | None = None) -> float:
+    """Return the sign-flip permutation p-value of the mean of ``values - null``
+    (``scipy.stats.permutation_test``, one sample: its signs are flipped; exact, all 2^n
+    flips, up to EXACT_MAX_N values). Valid when the differences are symmetric about
+    ``null`` under H0 (Fisher 1935; Good 2005, ch. 3); its smallest p is 2^-n."""
+    x = _finite(values) - null
+    if len(x) < 1:
+        return math.nan
+    if not np.any(x):
+        return 1.0  # every value on the null: no evidence either way
+    res = stats.permutation_test((x,), np.mean, permutation_type="samples",
+                                 alternative=alternative, vectorized=True,
+                                 n_resamples=np.inf if len(x) <= EXACT_MAX_N
+                                 else SIGN_FLIP_DRAWS,
+                                 rng=rng if rng is not None else np.random.default_rng(0))
+    return float(res.pvalue)
 
 
 def tost(values: Sequence[float], low: float, high: float) -> float:
     """Return the TOST p-value of equivalence within (low, high): the larger of the one-sided
-    p-values of H0 ``mean <= low`` and H0 ``mean >= high`` (Schuirmann 1987). p <= alpha
-    exactly when the (1 - 2 alpha) t interval lies inside (low, high)."""
-    return max(one_sided_p(values, low, "greater"), one_sided_p(values, high, "less"))
+    p-values of H0 ``mean <= low`` and H0 ``mean >= high`` (Schuirmann 1987;
+    ``statsmodels.stats.weightstats.ttost_paired`` on the paired differences). p <= alpha
+    exactly when the (1 - 2 alpha) t interval lies inside (low, high); a sample without
+    spread takes the sign-flip tests."""
+    from statsmodels.stats.weightstats import ttost_paired
+
+    x = _finite(values)
+    if len(x) < 2:
+        return math.nan
+    if no_spread(x):
+        return max(one_sided_p(x, low, "greater"), one_sided_p(x, high, "less"))
+    return float(ttost_paired(x, np.zeros_like(x), low, high)[0])
+
+
+def no_spread(values: Sequence[float]) -> bool:
+    """Return whether ``values`` are equal up to rounding (a standard deviation below 1e-12
+    of their size): a t statistic is then rounding noise."""
+    x = _finite(values)
+    return len(x) < 2 or float(x.std(ddof=1)) <= 1e-12 * max(1.0, float(np.abs(x).max()))
 
 
 def _finite(values: Sequence[float]) -> np.ndarray:
     return np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
 
 
-def seeds_for_power(sd: float, effect: float, alpha: float = ALPHA / 2, power: float = POWER,
-                    max_n: int = 1000) -> int | None:
-    """Return the smallest n whose one-sided paired t test at ``alpha`` detects a true mean
-    ``effect`` with probability ``power`` when the differences have standard deviation ``sd``
-    (noncentral t, exact); None beyond ``max_n`` or when there is nothing to detect."""
-    if not (sd > 0 and effect > 0 and math.isfinite(sd) and math.isfinite(effect)):
-        return None if not (sd == 0 and effect > 0) else 2
-    for n in range(2, max_n + 1):
-        crit = stats.t.ppf(1 - alpha, df=n - 1)
-        if stats.nct.sf(crit, df=n - 1, nc=effect * math.sqrt(n) / sd) >= power:
-            return n
-    return None
+def sd_upper_bound(sd: float, n: int, confidence: float = SD_CONFIDENCE) -> float:
+    """Return the one-sided ``confidence`` upper bound on a standard deviation estimated as
+    ``sd`` from ``n`` values: sd sqrt((n - 1) / chi2_{1 - confidence, n - 1}) (normal
+    sample: (n - 1) s^2 / sigma^2 ~ chi2_{n - 1})."""
+    if n < 2 or not math.isfinite(sd):
+        return math.nan
+    return sd * math.sqrt((n - 1) / float(stats.chi2.ppf(1 - confidence, n - 1)))
 
 
-def seeds_for_tost(sd: float, margin: float, alpha: float = ALPHA, power: float = POWER,
+def t_power(effect: float, sd: float, n: np.ndarray | int, alpha: float) -> np.ndarray:
+    """Return the power of the one-sided one-sample t test at level ``alpha`` when the true
+    mean lies ``effect`` beyond the null (noncentral t, ``statsmodels``' ``TTestPower``)."""
+    from statsmodels.stats.power import TTestPower
+
+    return np.asarray(TTestPower().power(effect_size=effect / sd, nobs=np.asarray(n),
+                                         alpha=alpha, alternative="larger"), dtype=float)
+
+
+def seeds_for_power(sd: float | Sequence[float], effect: float, alpha: float = ALPHA / 2,
+                    power: float = POWER, max_n: int = 1000, *, tost: bool = False,
+                    min_n: int = 2) -> int | None:
+    """Return the smallest n >= ``min_n`` at which every cell's one-sided t test at ``alpha``
+    (one-sided) detects a true mean ``effect`` beyond its null, jointly, with probability
+    ``power``: the product of the cells' noncentral-t powers (independent cells; ``sd`` one
+    value per cell). With ``tost`` each cell's power is that of TOST within +-``effect`` at a
+    true difference 0, bounded below by 1 - 2 P(one side misses). None beyond ``max_n``."""
+    sds = np.atleast_1d(np.asarray(sd, dtype=float))
+    if not (effect > 0 and math.isfinite(effect)) or not np.all(np.isfinite(sds)):
+        return None
+    n = np.arange(max(2, min_n), max_n + 1)
+    joint = np.ones(len(n))
+    for s in sds:
+        if s <= 1e-12 * effect:  # no spread seen: this cell does not limit n (an exact
+            continue               # test's smallest p might: exact_min_n)
+        side = t_power(effect, float(s), n, alpha)
+        joint *= np.clip(1 - 2 * (1 - side), 0, 1) if tost else side
+    hit = np.flatnonzero(joint >= power)
+    return int(n[hit[0]]) if len(hit) else None
+
+
+def seeds_for_tost(sd: float, margin: float, alpha: float = ALPHA / 2, power: float = POWER,
                    max_n: int = 1000) -> int | None:
-    """Return the smallest n whose TOST at ``alpha`` shows equivalence within +-``margin`` with
-    probability ``power`` when the true difference is 0 (the usual bound: power >= 1 - 2 P(a
-    one-sided test misses), each side a noncentral t); None beyond ``max_n``."""
-    if not (sd > 0 and margin > 0 and math.isfinite(sd)):
-        return None if not (sd == 0 and margin > 0) else 2
-    for n in range(2, max_n + 1):
-        crit = stats.t.ppf(1 - alpha, df=n - 1)
-        miss = stats.nct.cdf(crit, df=n - 1, nc=margin * math.sqrt(n) / sd)
-        if 1 - 2 * miss >= power:
-            return n
-    return None
+    """Return the smallest n whose TOST at ``alpha`` (each side) shows equivalence within
+    +-``margin`` with probability ``power`` when the true difference is 0 (``seeds_for_power``
+    with ``tost``); None beyond ``max_n``."""
+    if sd == 0 and margin > 0:
+        return 2
+    return seeds_for_power(sd, margin, alpha, power, max_n, tost=True)
+
+
+def exact_min_n(alpha: float) -> int:
+    """Return the fewest values with which a one-sided sign-flip test can reach ``alpha``
+    (its smallest p is 2^-n)."""
+    return max(2, math.ceil(math.log2(1 / alpha) - 1e-12))
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
-    """Return Holm's step-down adjusted p-values (Holm 1979), in the input order; NaN stays
-    NaN and is not counted in the family."""
+    """Return Holm's step-down adjusted p-values (Holm 1979; statsmodels' ``multipletests``),
+    in the input order; NaN stays NaN and is not counted in the family."""
+    from statsmodels.stats.multitest import multipletests
+
     p = np.asarray(pvalues, dtype=float)
     out = np.full(len(p), math.nan)
-    idx = np.flatnonzero(~np.isnan(p))
-    order = idx[np.argsort(p[idx], kind="stable")]
-    m, running = len(order), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        out[i] = running
+    ok = ~np.isnan(p)
+    if ok.any():
+        out[ok] = multipletests(np.clip(p[ok], 0, 1), method="holm")[1]
     return out.tolist()
 
 
@@ -195,3 +259,31 @@ def probability_of_improvement(gains: Sequence[float]) -> float:
     if len(x) == 0:
         return math.nan
     return float((np.sum(x > 0) + 0.5 * np.sum(x == 0)) / len(x))
+
+
+def sign_flip_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """Return the interval of means the two one-sided sign-flip tests at (1 - level) / 2 do not
+    reject (test inversion, bisection over the null); an end is infinite when no null beyond
+    the data is rejected (fewer than log2(2 / (1 - level)) values)."""
+    x = _finite(values)
+    if len(x) < 2:
+        return math.nan, math.nan
+    side = (1 - level) / 2
+    lo_x, hi_x = float(x.min()), float(x.max())
+
+    def bound(alternative: str) -> float:
+        def rejects(null: float) -> bool:
+            return sign_flip_p(x, null, alternative) <= side
+
+        outer = lo_x if alternative == "greater" else hi_x   # every value on one side
+        if not rejects(outer - (1e-12 if alternative == "greater" else -1e-12)):
+            return -math.inf if alternative == "greater" else math.inf
+        good, bad = outer, (hi_x if alternative == "greater" else lo_x)
+        if rejects(bad):
+            return bad
+        for _ in range(50):   # good: rejected; bad: not rejected
+            mid = (good + bad) / 2
+            good, bad = (mid, bad) if rejects(mid) else (good, mid)
+        return good
+
+    return bound("greater"), bound("less")

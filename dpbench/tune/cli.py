@@ -294,15 +294,19 @@ def check_cells(job: TuneJob) -> list[list[str]]:
 
 
 def run(job: TuneJob) -> Path:
-    """Search every cell (or reuse its choice), train the choices on every seed; return OUT."""
+    """Search every cell (or reuse its choice), train the choices on every seed; return OUT.
+    Prints one line per finished cell and the progress over all of them."""
+    from dpbench.utils.progress import Progress
+
     cells = check_cells(job)
     jobs = min(job.jobs, len(cells))
+    progress = Progress(len(cells) * len(job.seeds), "runs", "dpbench-tune")
     if jobs <= 1:
         for cell in cells:
-            run_cell(cell, job)
+            progress.advance(len(job.seeds), run_cell(cell, job))
         return job.out
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     from dpbench.utils.threads import available_cores, threads_per_job
 
@@ -311,8 +315,8 @@ def run(job: TuneJob) -> Path:
     # spawn, not fork: a forked child would inherit this process's torch thread pools
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_init_worker, initargs=(threads,)) as pool:
-        for done in [pool.submit(run_cell, cell, job) for cell in cells]:
-            done.result()  # re-raise a worker's error here
+        for done in as_completed([pool.submit(run_cell, cell, job) for cell in cells]):
+            progress.advance(len(job.seeds), done.result())  # re-raises a worker's error
     return job.out
 
 
@@ -325,8 +329,9 @@ def _init_worker(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def run_cell(cell: list[str], job: TuneJob) -> None:
-    """Search one cell (unless its choice is stored) and train the choice on every seed."""
+def run_cell(cell: list[str], job: TuneJob) -> str:
+    """Search one cell (unless its choice is stored) and train the choice on every seed;
+    return a one-line summary (the cell, its choice, its runs)."""
     from dpbench.utils.paths import path_component
 
     out, settings = job.out, job.settings
@@ -349,6 +354,8 @@ def run_cell(cell: list[str], job: TuneJob) -> None:
         cfg = compose_config([*_QUIET, *cell, f"seed={seed}"])
         run_dir = out / "runs" / path_component(f"{cfg.run_name}-{digest}")
         train([*cell, f"tuned={choices}", f"seed={seed}"], run_dir)
+    chosen = (read_choices(choices).get(key) or {}).get("overrides", "?")
+    return f"cell {' '.join(cell)}: chose {chosen}; {len(job.seeds)} seeds trained"
 
 
 def report(out: Path, metric: str, baseline: str | None) -> str:

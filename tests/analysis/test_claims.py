@@ -12,10 +12,12 @@ import pytest
 from scipy import stats
 
 from dpbench.analysis.claims import (
+    CellResult,
     ClaimDataError,
+    _claim_p,
     adjust,
     claims_markdown,
-    combine_cells,
+    decide,
     equivalence_verdict,
     evaluate_claim,
     non_inferiority_verdict,
@@ -23,7 +25,7 @@ from dpbench.analysis.claims import (
     threshold_verdict,
 )
 from dpbench.analysis.reproduce import PAPERS, load_spec, paper_claims
-from dpbench.analysis.stats import seeds_for_power
+from dpbench.analysis.stats import sd_upper_bound, seeds_for_power
 
 
 def _spread(mean: float, half_width: float, n: int) -> list[float]:
@@ -57,53 +59,59 @@ def _claim(paper, claim_id):
 
 # --- the rules on fixed numbers ------------------------------------------------------------
 
-@pytest.mark.parametrize(("low", "high", "estimate", "verdict"), [
-    (0.06, 0.14, 0.10, "reproduced"),            # above 0, the estimate reaches half of 0.10
-    (0.01, 0.20, 0.06, "reproduced"),
-    (0.022, 0.056, 0.039, "smaller than claimed"),  # above 0, short of half, rules out 0.10
-    (0.01, 0.12, 0.03, "underpowered"),           # above 0, short, but 0.10 not ruled out
-    (-0.03, -0.01, -0.02, "contradicted"),        # below 0
-    (-0.078, 0.04, -0.02, "contradicted"),        # holds 0, rules out half the effect
-    (-0.078, 0.058, -0.01, "underpowered"),       # holds both 0 and the target
+@pytest.mark.parametrize(("low", "high", "verdict"), [
+    (0.06, 0.14, "reproduced"),            # excludes every gain up to half of 0.10
+    (0.06, 0.09, "reproduced"),            # both reproduced and smaller: reproduced first
+    (0.01, 0.20, "underpowered"),          # above 0, but holds the target and 0.10
+    (0.022, 0.056, "smaller than claimed"),  # rules out 0.10, not the target
+    (-0.078, 0.058, "smaller than claimed"),
+    (-0.03, -0.01, "contradicted"),        # below the target
+    (-0.078, 0.04, "contradicted"),
+    (-0.078, 0.12, "underpowered"),        # holds the target and the paper's effect
 ])
-def test_superiority_rule(low, high, estimate, verdict):
-    assert superiority_verdict(low, high, estimate, target=0.05, paper_effect=0.10) == verdict
+def test_superiority_rule(low, high, verdict):
+    assert superiority_verdict(low, high, target=0.05, claimed=0.10) == verdict
 
 
-@pytest.mark.parametrize(("low90", "high90", "verdict"), [
-    (-0.05, 0.08, "reproduced"), (-0.287, -0.043, "underpowered"),
-    (0.12, 0.3, "contradicted"), (-0.3, -0.1, "contradicted"), (-0.2, 0.2, "underpowered")])
-def test_equivalence_rule(low90, high90, verdict):
-    assert equivalence_verdict(low90, high90, margin=0.1) == verdict
+@pytest.mark.parametrize(("low", "high", "verdict"), [
+    (-0.05, 0.08, "reproduced"), (-0.287, -0.043, "smaller than claimed"),
+    (0.12, 0.3, "contradicted"), (-0.3, -0.11, "contradicted"), (-0.2, 0.2, "underpowered")])
+def test_equivalence_rule(low, high, verdict):
+    assert equivalence_verdict(low, high, margin=0.1) == verdict
 
 
 def test_non_inferiority_and_threshold_rules():
     assert non_inferiority_verdict(-0.009, 0.02, 0.01) == "reproduced"
     assert non_inferiority_verdict(-0.05, -0.03, 0.01) == "contradicted"
     assert non_inferiority_verdict(-0.02, 0.01, 0.01) == "underpowered"
-    assert threshold_verdict(0.3, 0.4, 0.25, "above") == "reproduced"
-    assert threshold_verdict(0.1, 0.2, 0.25, "above") == "contradicted"
-    assert threshold_verdict(0.1, 0.2, 0.25, "below") == "reproduced"
-    assert threshold_verdict(0.2, 0.3, 0.25, "above") == "underpowered"
+    assert non_inferiority_verdict(-0.02, -0.001, 0.01) == "smaller than claimed"
+    assert threshold_verdict(0.3, 0.4, 0.25, "above", 0.025) == "reproduced"
+    assert threshold_verdict(0.1, 0.2, 0.25, "above", 0.025) == "contradicted"
+    assert threshold_verdict(0.1, 0.2, 0.25, "below", 0.025) == "reproduced"
+    assert threshold_verdict(0.2, 0.3, 0.25, "above", 0.025) == "underpowered"
+    assert threshold_verdict(0.24, 0.27, 0.25, "above", 0.025) == "smaller than claimed"
 
 
-def test_every_cell_contradiction_survives_holm_across_cells():
-    """One wrong-way cell at p 0.03 is not enough among four (Holm: 4 x 0.03 > 0.05)."""
-    verdicts = ["contradicted", "underpowered", "underpowered", "underpowered"]
-    assert combine_cells(verdicts, [0.03, 0.6, 0.7, 0.8]) == "underpowered"
-    assert combine_cells(verdicts, [0.004, 0.6, 0.7, 0.8]) == "contradicted"
-    assert combine_cells(["reproduced"] * 3, [0.9] * 3) == "reproduced"
-    assert combine_cells(["reproduced", "smaller than claimed"], [0.9, 0.9]) == \
-        "smaller than claimed"
-    assert combine_cells(["reproduced", "underpowered"], [0.9, 0.9]) == "underpowered"
+def test_every_cell_contradiction_is_adjusted_across_cells():
+    """One wrong-way cell at p 0.03 is not enough among four (4 x 0.03 > 0.05)."""
+    def cells(p_against):
+        return [CellResult("c", [0.0, 1.0], p_for=0.9, p_against=p, p_smaller=p)
+                for p in p_against]
+
+    assert _claim_p(cells([0.03, 0.6, 0.7, 0.8]))["p_against"] == pytest.approx(0.12)
+    assert _claim_p(cells([0.004, 0.6, 0.7, 0.8]))["p_against"] == pytest.approx(0.016)
+    assert decide(0.9, 0.12, 0.12) == "underpowered"
+    assert decide(0.9, 0.016, 0.016) == "contradicted"
+    assert decide(0.9, 0.3, 0.016) == "smaller than claimed"
+    assert decide(0.01, 0.9, 0.9) == "reproduced"
 
 
 def test_one_wrong_way_cell_does_not_contradict_an_every_epsilon_claim():
     """Old verdicts: any significant wrong-way cell contradicted the claim, uncorrected."""
     claim = {"claim": "a beats b at every epsilon", "metric": "accuracy", "method": "a",
              "baseline": "b", "where": {"target_epsilon": [1.0, 2.0, 4.0, 8.0]}}
-    # eps 1: wrong way, 95 % interval [-0.099, -0.001] (contradicting at p 0.027 alone,
-    # 0.11 after Holm over the four cells); the others wide
+    # eps 1: wrong way, 95 % interval [-0.099, -0.001] (contradicting the target 0.005 at
+    # p 0.036 alone, 0.14 over the four cells); the others wide
     cells = {1.0: _spread(-0.05, 0.049, 5), 2.0: _spread(0.01, 0.05, 5),
              4.0: _spread(0.0, 0.05, 5), 8.0: _spread(0.01, 0.05, 5)}
     runs = [r for eps, gains in cells.items() for s, g in enumerate(gains) for r in (
@@ -111,15 +119,16 @@ def test_one_wrong_way_cell_does_not_contradict_an_every_epsilon_claim():
         _record("b", s, {"accuracy": 0.8}, target_epsilon=eps))]
     row = evaluate_claim(claim, runs)
     assert row["verdict"] == "underpowered"
-    assert row["cells"][0]["verdict"] == "contradicted"  # before Holm
-    assert row["cells"][0]["p_against"] == pytest.approx(0.027, abs=0.002)
+    assert row["cells"][0]["verdict"] == "contradicted"  # alone
+    assert row["cells"][0]["p_against"] == pytest.approx(0.036, abs=0.002)
+    assert row["p_against"] == pytest.approx(4 * row["cells"][0]["p_against"])
 
 
 # --- the defects, on the specs' own claims -------------------------------------------------
 
 def test_adaln_unchanged_is_not_reproduced_by_an_interval_that_contains_zero(tmp_path):
-    """-0.165 +- 0.180 (n=3), 15 % of an RMSE of 1.1: the 90 % interval [-0.287, -0.043]
-    leaves the +-10 % margin, and the TOST p-value is 0.84."""
+    """-0.165 +- 0.180 (n=3), 15 % of an RMSE of 1.1: the 95 % interval [-0.345, 0.015]
+    leaves the +-10 % margin, and the TOST p-value is 0.84 (doubled: 1)."""
     gains = _spread(-0.165, 0.180, 3)
     runs = [r for s, g in enumerate(gains) for r in (
         _record("dp_adaln", s, {"rmse": 1.1 + g}, private=False),
@@ -127,9 +136,9 @@ def test_adaln_unchanged_is_not_reproduced_by_an_interval_that_contains_zero(tmp
     _write(tmp_path, "nonprivate", runs)
     [row] = paper_claims("dp_adaln", _claim("dp_adaln", "non-private quality"), tmp_path)
     assert row["verdict"] != "reproduced"
-    assert row["verdict"] == "underpowered" and row["p"] == pytest.approx(0.84, abs=0.005)
+    assert row["verdict"] == "underpowered" and row["p"] == 1.0 and row["p_test"] == "for"
     [cell] = row["cells"]  # the gain is vanilla minus AdaLN: lower RMSE is better
-    assert (cell["low"], cell["high"]) == pytest.approx((0.043, 0.287), abs=5e-4)
+    assert (cell["low"], cell["high"]) == pytest.approx((-0.015, 0.345), abs=5e-4)
 
 
 def test_bounded_beats_unbounded_is_smaller_than_claimed(tmp_path):
@@ -239,7 +248,10 @@ def test_underpowered_claims_state_the_seeds_they_need():
         _record("b", s, {"accuracy": 0.8}, target_epsilon=1.0))]
     row = evaluate_claim(claim, runs)
     assert row["verdict"] == "underpowered"
-    assert row["seeds_needed"] == seeds_for_power(float(np.std(gains, ddof=1)), 0.02)
+    # 80 % power at the claimed 0.02 (its target 0.01, so a distance of 0.01) from the 80 %
+    # upper bound on the spread, and never fewer than the 4 seeds already run
+    sd = sd_upper_bound(float(np.std(gains, ddof=1)), 4)
+    assert row["seeds_needed"] == seeds_for_power(sd, 0.01, min_n=5) == 86
     assert row["p_improvement"] == 0.75  # three of the four seeds favour a
     assert "seeds needed" in claims_markdown(adjust([{**row, "paper": "P"}]))
 
@@ -256,14 +268,19 @@ def test_grid_edge_and_missing_seeds_are_reported():
     assert "reproduced †" in claims_markdown([{**row, "paper": "P"}])
 
 
+def _row(paper, p_for, p_smaller=1.0, p_against=1.0):
+    return {"paper": paper, "kind": "superiority", "p_for": p_for, "p_against": p_against,
+            "p_smaller": p_smaller, "notes": [], "verdict": "?",
+            "cells": [{"values": [0.1, 0.2, 0.3], "target": 0.05, "paper": 0.1, "sd": 0.1,
+                       "exact": False}]}
+
+
 def test_holm_within_a_paper_demotes_and_bh_is_shown():
-    rows = [{"paper": "P", "verdict": "reproduced", "p": p, "notes": [], "cells": []}
-            for p in (0.01, 0.04)] + [{"paper": "Q", "verdict": "reproduced", "p": 0.04,
-                                       "notes": [], "cells": []}]
+    rows = [_row("P", p) for p in (0.01, 0.04)] + [_row("Q", 0.04)]
     out = adjust(rows)
     assert [r["p_holm"] for r in out] == pytest.approx([0.02, 0.04, 0.04])
     assert [r["verdict"] for r in out] == ["reproduced"] * 3
-    out = adjust([{**rows[0], "p": 0.03}, {**rows[1], "p": 0.03}, rows[2]])
+    out = adjust([_row("P", 0.03), _row("P", 0.03), rows[2]])
     assert [r["verdict"] for r in out[:2]] == ["underpowered"] * 2  # Holm 0.06 > 0.05
     assert [r["q_bh"] for r in out] == pytest.approx([0.04, 0.04, 0.04])
 
@@ -280,8 +297,8 @@ def test_claims_markdown_lists_every_claim_with_its_verdict():
                     "command": "c"}])
     text = claims_markdown(rows)
     assert text.count("\n| P |") == 2 and "+1 \\| 2" in text
-    assert "1 reproduced, 0 smaller than claimed, 0 contradicted, 0 underpowered, 1 not run" \
-        in text
+    assert ("1 reproduced, 0 smaller than claimed, 0 contradicted, 0 underpowered, "
+            "0 failed runs, 1 not run") in text
 
 
 @pytest.mark.parametrize("paper", PAPERS)

@@ -26,3 +26,30 @@ def test_a_dry_run_prints_the_commands_and_writes_nothing(paper, tmp_path, capsy
     assert printed and all(line.split()[0].startswith(("dpbench", sys.executable))
                            for line in printed), printed[:3]
     assert not out.exists()  # no folder, log, table, plot or claim
+
+
+def test_reproduce_counts_every_sweeps_runs_for_its_progress(tmp_path):
+    from dpbench.analysis.reproduce import job_runs, load_spec, parse_args, sweep_commands
+
+    args = parse_args(["fiber", "bounded_adaclip", "--out", str(tmp_path)])
+    runs = {paper: [job_runs(j) for j in sweep_commands(load_spec(paper), args, tmp_path)]
+            for paper in args.papers}
+    # FIBER: 4 methods x 4 epsilons x 5 seeds, three ablations x 5, BandMF 4 x 5; bounded
+    # adaptive clipping: 3 methods x 10 seeds, or DP-SGD alone, on each data set
+    assert runs == {"fiber": [80, 5, 5, 5, 20], "bounded_adaclip": [30, 10, 30, 10]}
+
+
+def test_a_bad_claim_stops_reproduce_before_any_run(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from dpbench.analysis import reproduce
+
+    spec = yaml.safe_load((reproduce.SPEC_DIR / "fiber.yaml").read_text())
+    spec["claims"][0]["paper_effect"] = -0.02
+    (tmp_path / "fiber.yaml").write_text(yaml.safe_dump(spec))
+    monkeypatch.setattr(reproduce, "SPEC_DIR", tmp_path)
+    assert reproduce.main(["fiber", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("dpbench-reproduce: error: claim 'fiber_vs_disk': key 'paper_effect': "
+                   "must be a positive number (got -0.02)")
+    assert not (tmp_path / "out").exists()

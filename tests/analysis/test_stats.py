@@ -67,7 +67,8 @@ def test_one_sided_p_equals_scipy(alternative):
 
     want = stats.ttest_1samp(GAINS, 0.01, alternative=alternative).pvalue
     assert one_sided_p(GAINS, 0.01, alternative) == pytest.approx(want, rel=1e-12)
-    assert one_sided_p([0.25, 0.25, 0.25], 0.125, "greater") == 0.0  # no spread
+    # no spread: the exact sign-flip test, whose smallest p with 3 values is 2^-3
+    assert one_sided_p([0.25, 0.25, 0.25], 0.125, "greater") == 0.125
     assert math.isnan(one_sided_p([0.2], 0.1, "greater"))
 
 
@@ -114,16 +115,16 @@ def test_seeds_for_tost_gives_the_power_it_promises_in_simulation():
     n = seeds_for_tost(1.0, 1.0)
     rng = np.random.default_rng(np.random.SeedSequence(7))
 
-    def power(k, draws=4000):  # TOST at 5 %: the 90 % interval inside (-1, 1)
+    def power(k, draws=4000):  # TOST at 2.5 % a side: the 95 % interval inside (-1, 1)
         x = rng.normal(0, 1, (draws, k))
-        half = stats.t.ppf(0.95, k - 1) * x.std(axis=1, ddof=1) / math.sqrt(k)
+        half = stats.t.ppf(0.975, k - 1) * x.std(axis=1, ddof=1) / math.sqrt(k)
         return np.mean(np.abs(x.mean(axis=1)) + half < 1)
 
     assert power(n) >= 0.78  # 0.8 promised; 4000 draws: standard error about 0.006
     assert power(n - 1) < 0.8
     sample = rng.normal(0, 1, n)
-    ninety = t_interval(sample, level=0.90)
-    assert (tost(sample, -1, 1) <= 0.05) == (-1 < ninety.low and ninety.high < 1)
+    ninety = t_interval(sample, level=0.95)
+    assert (tost(sample, -1, 1) <= 0.025) == (-1 < ninety.low and ninety.high < 1)
 
 
 def test_probability_of_improvement_counts_ties_as_half():
@@ -131,3 +132,30 @@ def test_probability_of_improvement_counts_ties_as_half():
 
     assert probability_of_improvement([1.0, -1.0, 0.0, 2.0]) == 0.625
     assert math.isnan(probability_of_improvement([]))
+
+
+def test_sign_flip_p_is_the_exact_enumeration_and_its_interval_inverts_it():
+    import itertools
+
+    from dpbench.analysis.stats import sign_flip_interval, sign_flip_p
+
+    x = np.array(GAINS)
+    flips = np.array(list(itertools.product([-1, 1], repeat=len(x))))
+    d = x - 0.002
+    want = np.mean((flips * d).mean(axis=1) >= d.mean() - 1e-15)
+    assert sign_flip_p(x, 0.002, "greater") == pytest.approx(want, abs=1e-12)
+    low, high = sign_flip_interval(np.arange(1.0, 8.0), 0.95)
+    assert sign_flip_p(np.arange(1.0, 8.0), low - 1e-6, "greater") <= 0.025
+    assert sign_flip_p(np.arange(1.0, 8.0), low + 1e-6, "greater") > 0.025
+    assert sign_flip_interval([0.012, 0.012], 0.95) == (-math.inf, math.inf)
+
+
+def test_power_and_the_spread_bound_equal_their_scipy_formulas():
+    from dpbench.analysis.stats import sd_upper_bound, t_power
+
+    n = np.arange(3, 40)
+    crit = stats.t.ppf(1 - 0.0125, n - 1)
+    want = stats.nct.sf(crit, n - 1, 0.7 * np.sqrt(n) / 1.3)
+    assert t_power(0.7, 1.3, n, 0.0125) == pytest.approx(want, rel=1e-9)
+    # (n - 1) s^2 / sigma^2 ~ chi2: sigma <= s sqrt((n - 1) / chi2_{0.2, n - 1}) with 80 %
+    assert sd_upper_bound(2.0, 5) == pytest.approx(2.0 * math.sqrt(4 / stats.chi2.ppf(0.2, 4)))

@@ -133,6 +133,9 @@ def test_tune_command_end_to_end(tmp_path, capsys):
                  *CELL[:2], "method=dpsgd,dpadam", *CELL[3:]]) == 0
     text = capsys.readouterr().out
     assert "Tuned learning rates" in text and "verdict" in text
+    # one line per finished cell, and the progress over all of them
+    assert text.count("dpbench-tune: cell ") == 2 and "chose " in text
+    assert "dpbench-tune: 2/4 runs done (50 %)" in text and "4/4 runs done (100 %)" in text
     choices = json.loads((out / "choices.json").read_text())["cells"]
     assert {k.rpartition("|")[0] for k in choices} == {
         cell_key(m, "digits", "logreg", 3.0) for m in ("dpsgd", "dpadam")}

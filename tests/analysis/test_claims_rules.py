@@ -1,0 +1,231 @@
+"""The verdict rules against the ten defects of the old rules (docs/tuning-and-claims.md,
+"Verdict rules"): each test fails on the rules they replace."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpbench.analysis.claims import adjust, claims_markdown, evaluate_claim
+from dpbench.analysis.reproduce import paper_claims
+
+
+def _spread(mean: float, half_width: float, n: int) -> list[float]:
+    """n values whose mean and 95 % t half-width are ``mean`` and ``half_width``."""
+    z = np.linspace(-1, 1, n)
+    z = z / z.std(ddof=1)
+    sd = half_width / stats.t.ppf(0.975, n - 1) * math.sqrt(n)
+    return (mean + sd * z).tolist()
+
+
+def _record(method, seed, metrics, **extra):
+    return {"status": extra.pop("status", "completed"), "dataset": "mnist", "model": "cnn2",
+            "method_name": method, "method": method, "seed": seed, "metrics": metrics,
+            "config": extra.pop("config", {}), **extra}
+
+
+def _runs(gains, eps=1.0, metric="accuracy", start=0):
+    return [r for s, g in enumerate(gains, start=start) for r in (
+        _record("a", s, {metric: 0.5 + g}, target_epsilon=eps),
+        _record("b", s, {metric: 0.5}, target_epsilon=eps))]
+
+
+def _claim(**extra):
+    return {"id": "c", "claim": "a beats b", "metric": "accuracy", "method": "a",
+            "baseline": "b", "where": {"target_epsilon": 1.0}, **extra}
+
+
+# 1. "underpowered" was permanent for claims without a paper number -----------------------
+
+def test_a_claim_without_a_number_is_decided_at_its_declared_effect():
+    """A true gain just under the smallest effect of interest (0.01), measured tightly on 40
+    seeds: the old rule (the estimate must reach 0.01) left it underpowered for ever."""
+    row = evaluate_claim(_claim(effect=0.01), _runs(_spread(0.0099, 0.002, 40)))
+    assert row["verdict"] == "reproduced"
+
+
+def test_the_hint_never_asks_for_fewer_seeds_than_were_run():
+    row = evaluate_claim(_claim(effect=0.01), _runs(_spread(0.0065, 0.004, 40)))
+    assert row["verdict"] == "underpowered"
+    assert isinstance(row["seeds_needed"], int) and row["seeds_needed"] > 40
+
+
+# 2. the hint: Holm level, joint power over cells, an upper bound on the spread ---------
+
+def test_the_hint_counts_the_holm_level_and_every_cell():
+    from dpbench.analysis.stats import sd_upper_bound, seeds_for_power
+
+    gains = _spread(0.03, 0.05, 4)
+    one = evaluate_claim(_claim(paper_effect=0.04), _runs(gains))
+    cells = _claim(paper_effect=0.04, where={"target_epsilon": [1.0, 2.0, 4.0, 8.0]})
+    every = evaluate_claim(cells, [r for e in (1.0, 2.0, 4.0, 8.0) for r in _runs(gains, e)])
+    assert one["verdict"] == every["verdict"] == "underpowered"
+    sd = sd_upper_bound(float(np.std(gains, ddof=1)), 4)
+    assert one["seeds_needed"] == seeds_for_power(sd, 0.02, 0.025, min_n=5)
+    assert every["seeds_needed"] == seeds_for_power([sd] * 4, 0.02, 0.025, min_n=5)
+    assert every["seeds_needed"] > one["seeds_needed"]
+    family = adjust([{**one, "paper": "P"}] + [{**one, "paper": "P", "id": f"x{i}"}
+                                              for i in range(4)])
+    assert family[0]["seeds_needed"] == seeds_for_power(sd, 0.02, 0.025 / 5, min_n=5)
+    assert family[0]["seeds_needed"] > one["seeds_needed"]
+
+
+# 3. contradictions adjusted within the paper; equivalence at 2.5 % ---------------------
+
+def test_contradictions_are_adjusted_across_a_papers_claims():
+    """Five claims each contradicted alone at p about 0.03: none survives Holm over five."""
+    gains = _spread(-0.02, 0.021, 5)   # the interval's top 0.001 just under the target 0.005
+    rows = [{**evaluate_claim(_claim(id=f"c{i}"), _runs(gains)), "paper": "P"}
+            for i in range(5)]
+    assert all(r["verdict"] == "contradicted" for r in rows)
+    assert all(r["verdict"] == "underpowered" for r in adjust(rows))
+
+
+def test_equivalence_is_contradicted_at_the_same_level_as_every_other_kind():
+    """The 90 % interval [0.104, 0.21] leaves the margin 0.1; the 95 % one does not."""
+    gains = _spread(0.157, 0.053 * stats.t.ppf(0.975, 4) / stats.t.ppf(0.95, 4), 5)
+    row = evaluate_claim(_claim(kind="equivalence", margin=0.1), _runs(gains))
+    assert row["verdict"] != "contradicted"
+
+
+# 4. zero spread -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("gain", [0.012, 0.0])
+def test_two_equal_gains_decide_nothing(gain):
+    row = evaluate_claim(_claim(paper_effect=0.02), _runs([gain, gain]))
+    assert row["verdict"] == "underpowered"
+    assert row["p"] >= 0.5  # the sign-flip test: 2 x 2^-2 at the least
+
+
+# 5. steps savings: an exact test, not a t test on a discrete, skewed statistic ----------
+
+def _history(rate, jitter):
+    steps = np.arange(1, 21) * 5
+    acc = 0.8 * (1 - np.exp(-steps / rate)) + jitter
+    return [{"step": int(s), "epsilon": 0.01 * s, "accuracy": float(a)}
+            for s, a in zip(steps, acc)]
+
+
+def test_a_steps_saving_on_three_seeds_is_not_decided_by_a_t_test(tmp_path):
+    """Three seeds, every one saving about 70 % of the steps: a t test reproduces it; the
+    exact sign-flip test cannot go below p = 2 x 2^-3 with three values."""
+    runs = []
+    for eps in (3.0, 8.0):
+        for s in range(3):
+            for method, rate in (("dplora", 30.0), ("spectral_denoise", 8.0)):
+                hist = _history(rate, 0.001 * s)
+                runs.append(_record(method, s, {"accuracy": hist[-1]["accuracy"]},
+                                    target_epsilon=eps, step_history=hist))
+    for i, r in enumerate(runs):
+        folder = tmp_path / "sst2" / f"{i}"
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text(json.dumps(r))
+    from dpbench.analysis.reproduce import load_spec
+
+    spec = load_spec("spectral")
+    spec = {**spec, "claims": [c for c in spec["claims"] if c["id"] == "spectral_steps_saving"]}
+    [row] = paper_claims("spectral", spec, tmp_path)
+    assert all(c["values"] and min(c["values"]) > 0.156 for c in row["cells"])
+    assert row["verdict"] == "underpowered" and row["p"] >= 0.25
+    assert isinstance(row["seeds_needed"], int) and row["seeds_needed"] >= 6
+
+
+# 6. failed runs count -------------------------------------------------------------------
+
+def test_a_method_that_fails_on_two_of_five_seeds_is_not_reproduced(tmp_path):
+    runs = _runs(_spread(0.08, 0.01, 5))
+    for r in runs:
+        if r["method_name"] == "a" and r["seed"] in (1, 3):
+            r["status"], r["metrics"] = "failed", {}
+    for i, r in enumerate(runs):
+        folder = tmp_path / "grid" / f"{i}"
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text(json.dumps(r))
+    spec = {"short": "P", "claims": [_claim(paper_effect=0.04)]}
+    [row] = paper_claims("p", spec, tmp_path)
+    assert row["verdict"] == "failed runs"
+    assert any("failed on seed(s) 1, 3" in n for n in row["notes"])
+
+
+# 7. the verdict the interval supports ---------------------------------------------------
+
+def test_reproduced_needs_the_interval_above_the_target():
+    """[0.03, 0.09] against a paper's 0.10 (target 0.05): the estimate 0.06 reaches the
+    target, but the interval holds gains below it and excludes the paper's number."""
+    row = evaluate_claim(_claim(paper_effect=0.10), _runs(_spread(0.06, 0.03, 6)))
+    assert row["verdict"] == "smaller than claimed"
+    row = evaluate_claim(_claim(paper_effect=0.10), _runs(_spread(0.10, 0.045, 6)))
+    assert row["verdict"] == "reproduced"
+
+
+# 8. spec hazards --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("extra", "key"), [
+    ({"kind": "interaction", "effect_relative": 0.05,
+      "contrast": {"key": "target_epsilon", "values": [8.0, 1.0]}}, "effect_relative"),
+    ({"statistic": "steps_saving"}, "paper_effect"),
+    ({"paper_effect": -0.02}, "paper_effect"),
+])
+def test_specs_with_meaningless_tests_are_refused_naming_the_claim_and_key(extra, key):
+    with pytest.raises(ValueError, match=rf"^claim 'c': key '{key}': [^\n]+$"):
+        evaluate_claim(_claim(**extra), [])
+
+
+# 9. reporting -----------------------------------------------------------------------------
+
+def test_the_table_defines_its_verdicts_and_shows_the_deciding_p():
+    contradicted = evaluate_claim(_claim(paper_effect=0.04), _runs(_spread(-0.03, 0.01, 5)))
+    rows = adjust([{**contradicted, "paper": "P"}])
+    assert rows[0]["verdict"] == "contradicted"
+    assert rows[0]["p"] < 0.001 and rows[0]["p_test"] == "against"
+    text = claims_markdown(rows)
+    for verdict in ("reproduced", "smaller than claimed", "contradicted", "underpowered",
+                    "failed runs", "not run"):
+        assert f"**{verdict}**:" in text
+    p_column = text.split("\n")[2].split(" | ")[7]
+    assert p_column == "0.0002 (against)"
+
+
+def test_p_values_near_the_level_print_apart():
+    from dpbench.analysis.claims import _p
+
+    assert _p(0.0496) != _p(0.0504)
+
+
+def test_an_interaction_shows_how_often_a_beats_b():
+    """A loses every run (gaps -0.045 at eps 8, -0.033 at eps 1): P(A>B) is 0, not the
+    share of positive differences of gaps."""
+    claim = _claim(kind="interaction", effect=0.01, where={},
+                   contrast={"key": "target_epsilon", "values": [8.0, 1.0]})
+    runs = _runs([-0.045 + 0.002 * s for s in range(4)], 8.0) + _runs(
+        [-0.033 - 0.02 * s for s in range(4)], 1.0)
+    assert evaluate_claim(claim, runs)["p_improvement"] == 0.0
+
+
+def test_forest_colours_follow_the_table_after_holm():
+    from dpbench.analysis.plots import forest_points
+
+    one = evaluate_claim(_claim(paper_effect=0.04), _runs(_spread(0.05, 0.02, 5)))
+    assert one["verdict"] == "reproduced"  # alone
+    row = {**one, "p_for": 0.03}
+    rows = adjust([{**row, "paper": "P"}, {**row, "paper": "P", "id": "d"}])
+    assert rows[0]["verdict"] == "underpowered"
+    assert {p["verdict"] for p in forest_points(rows)} == {"underpowered"}
+
+
+# 10. threshold hints from the declared tolerance ----------------------------------------
+
+def test_a_threshold_hint_does_not_depend_on_the_observed_distance():
+    claim = {"id": "t", "claim": "share above 0.25", "kind": "threshold", "metric": "share",
+             "method": "a", "threshold": 0.25, "expect": "above", "where": {}}
+    needed = []
+    for mean in (0.2505, 0.267):
+        runs = [_record("a", s, {"share": v}) for s, v in enumerate(_spread(mean, 0.06, 3))]
+        row = evaluate_claim(claim, runs)
+        assert row["verdict"] == "underpowered"
+        needed.append(row["seeds_needed"])
+    assert all(isinstance(n, int) and n < 1000 for n in needed)
