@@ -17,7 +17,7 @@ the second evaluation point; ``--models bandmf_cpu``: DP-SGD and BandMF on
 preset's model at a CPU resolution.
 
 ``stopwatch`` is the harness's clock reading (the device synchronised first); the in-run
-overhead timer (``dpbench.analysis.overhead``) reads the same clock.
+overhead timer (``dpbench.runners.overhead``) reads the same clock.
 """
 
 from __future__ import annotations

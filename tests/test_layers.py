@@ -15,10 +15,9 @@ The tiers, bottom to top (docs/architecture.md lists the same):
    plots, claims, steps-to-target and ``dpbench-report`` (``analysis.report``). They never
    train, and they import no runner.
 5. runners and the command line: ``cli``, ``__main__``, ``tune``, ``audit``, ``bench``,
-   ``bench_processes``, ``hpo``, and the two modules of ``analysis`` that train or run
-   sweeps (``analysis.reproduce``, ``analysis.overhead``). The console scripts' modules and
-   what they share; they may import each other, and a runner uses the readers to print its
-   tables.
+   ``bench_processes``, ``hpo`` and ``runners`` (what trains or runs sweeps and then reads:
+   ``runners.reproduce``, ``runners.overhead``). The console scripts' modules and what they
+   share; they may import each other, and a runner uses the readers to print its tables.
 
 A tier is given per subpackage or top-level module, or per module where a subpackage spans
 two tiers (the most specific name counts). A new subpackage or top-level module must be added
@@ -48,8 +47,7 @@ TIERS: dict[str, int] = {
     "experiment": ONE_RUN, "logging": ONE_RUN,
     "analysis": READERS,
     "cli": RUNNERS, "__main__": RUNNERS, "tune": RUNNERS, "audit": RUNNERS, "bench": RUNNERS,
-    "bench_processes": RUNNERS,
-    "analysis.reproduce": RUNNERS, "analysis.overhead": RUNNERS,
+    "bench_processes": RUNNERS, "runners": RUNNERS,
 }
 
 
@@ -61,7 +59,7 @@ def _unit(module: str) -> str:
 
 def _tier(module: str) -> int | None:
     """Return the tier of a dotted dpbench module: that of the most specific name in TIERS
-    (``analysis.reproduce`` before ``analysis``); None if its unit has none."""
+    (``training.loop`` before ``training``); None if its unit has none."""
     parts = module.split(".")[1:]
     for n in range(len(parts), 0, -1):
         if ".".join(parts[:n]) in TIERS:
@@ -125,7 +123,7 @@ def test_the_check_sees_an_upward_import():
 def test_readers_sit_below_the_runners():
     """A reader importing a runner (the command line, a trainer) fails the check above."""
     assert _tier("dpbench.analysis.report") == _tier("dpbench.analysis.claims") == READERS
-    assert _tier("dpbench.analysis.reproduce") == _tier("dpbench.cli") == RUNNERS
+    assert _tier("dpbench.runners.reproduce") == _tier("dpbench.cli") == RUNNERS
     assert _tier("dpbench.logging.records") < READERS
 
 

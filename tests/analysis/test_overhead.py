@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dpbench.analysis.overhead import StepTimer
+from dpbench.runners.overhead import StepTimer
 from dpbench.experiment import build_trainer
 from tests.conftest import compose_config
 
