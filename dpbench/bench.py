@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -298,6 +299,17 @@ def summarise_rounds(rounds: list[dict[str, float]]) -> dict[str, tuple[float, s
     return out
 
 
+def rank_step(spec: dict[str, Any], rank: int, world: int,
+              device: torch.device) -> Callable[[], None]:
+    """Return rank ``rank``'s bk step of ``dpbench-bench --processes``: its slice ``r::K`` of
+    the batch, the release over the group's collective (``bench_processes``)."""
+    model, batch = model_and_batch(spec["model"], spec["shape"], spec["batch"], device)
+    mine = tuple(t[rank::world] for t in batch)
+    return dpbench_step(model, spec["mode"], mine, device,
+                        collective=Collective(rank=rank, world_size=world),
+                        expected_batch_size=float(spec["batch"]))
+
+
 def model_and_batch(name: str, shape, batch: int, device: torch.device):
     """Return (model, batch): random images and 10 labels, or token ids of length shape[0]
     with padded tails and 2 labels for a text model."""
@@ -424,7 +436,7 @@ def _print_processes(args: argparse.Namespace, device: torch.device) -> None:
         shape, b_cpu, b_gpu = DEFAULT_MODELS[name]
         batch = args.batch_size or (b_gpu if device.type == "cuda" else b_cpu)
         rounds = bench_processes(name, "bk", batch, shape, k, args.reps, args.warmup,
-                                 args.rounds, device.type, args.threads or 1)
+                                 args.rounds, rank_step, device.type, args.threads or 1)
         one = statistics.median(r[0] for r in rounds)
         many = statistics.median(r[1] for r in rounds)
         print(f"| {name} | dpbench bk, {k} processes | {batch} | {1e3 * one:.1f} | "

@@ -135,3 +135,76 @@ def test_scripts_never_import_tests():
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "tests"]
     assert not offenders, f"scripts import from tests/: {offenders}"
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Return module -> the dpbench modules it imports (any import, at any depth of the file;
+    ``from pkg import name`` counts as an import of ``pkg.name`` when that is a module)."""
+    modules = {_module_name(p).removesuffix(".__init__"): p for p in MODULES}
+
+    def known(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+                names = [base, *(f"{base}.{a.name}" for a in node.names)]
+            else:
+                continue
+            edges |= {known(n) for n in names if n.split(".")[0] == "dpbench"}
+        # a package's own parents are imported first anyway: not an edge of a circle
+        graph[module] = {e for e in edges if e and e != module and not module.startswith(e + ".")}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Return the strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    """No two modules import each other, directly or through others (imports inside functions
+    and under TYPE_CHECKING count)."""
+    assert _circles(_import_graph()) == []
+
+
+def test_the_circle_check_sees_a_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -26,12 +26,12 @@ import torch
 from torch import nn
 
 from dpbench.methods.context import RunInfo, StepContext
-from dpbench.methods.mechanism import PRIVACY_HOOKS, Mechanism, refuse_hooks
+from dpbench.methods.hooks import PRIVACY_HOOKS, UPDATE_HOOKS, refuse_hooks
+from dpbench.methods.mechanism import Mechanism
+
+__all__ = ["UPDATE_HOOKS", "OptimizerFactory", "Update"]
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
-
-#: the hooks that post-process the release; a ``Mechanism`` may define none of them
-UPDATE_HOOKS = ("postprocess", "update", "after_step", "evaluate", "step_metrics")
 
 
 class Update:
