@@ -40,7 +40,7 @@ from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
 from dpbench.training.distributed import Collective
 from dpbench.training.engine.choice import build_engine
-from dpbench.training.step import private_release
+from dpbench.training.step import plan_at, private_release
 from dpbench.utils.conf import GRAD_SAMPLE_MODES
 
 #: model -> (input shape, batch size on CPU, batch size on CUDA); text models' shape is the
@@ -114,10 +114,11 @@ def dpbench_step(model, mode: str, batch, device, collective: Collective | None 
     size = expected_batch_size or batch[0].shape[0]
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=1.0,
                       expected_batch_size=float(size), sample_rate=0.01,
-                      dataset_size=int(size) * 100, total_steps=1, generator=gen)
+                      dataset_size=int(size) * 100, total_steps=1)
+    plan = plan_at(method, 1.0, float(size))
 
     def step() -> None:
-        release = private_release(method, engine, task, batch, ctx, 1.0, None,
+        release = private_release(method, engine, task, batch, ctx, plan, None, noise=gen,
                                   collective=collective)
         method.update(release.grads, ctx)
     return step
@@ -147,12 +148,14 @@ def _method_step(model, method_name: str, mode: str, batch, device) -> Callable[
     gen = torch.Generator(device=device).manual_seed(0)
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=1.0,
                       expected_batch_size=float(size), sample_rate=0.01,
-                      dataset_size=size * 100, total_steps=100, generator=gen,
-                      noise_std=1.0 / size)
+                      dataset_size=size * 100, total_steps=100)
+    plan = plan_at(method, 1.0, float(size))
+    ctx.noise_std = plan.released_noise_std(method.sensitivity(ctx))
     shaper = method.noise_shaper(info)
 
     def step() -> None:
-        release = private_release(method, engine, task, batch, ctx, 1.0, None, shaper)
+        release = private_release(method, engine, task, batch, ctx, plan, None, shaper,
+                                  noise=gen)
         method.update(method.postprocess(release.grads, ctx), ctx)
         ctx.step += 1
     return step

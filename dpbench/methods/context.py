@@ -10,7 +10,8 @@ import torch
 
 @dataclass
 class StepContext:
-    """What a method may know about the current step (no raw data)."""
+    """What a method may know about the current step: public facts, no raw data and no
+    noise generator (the release alone holds the run's noise stream)."""
 
     step: int
     epoch: int
@@ -21,7 +22,6 @@ class StepContext:
     sample_rate: float
     dataset_size: int
     total_steps: int
-    generator: torch.Generator | None = None  # the loop's noise RNG (the release only)
     method_generator: torch.Generator | None = None  # the method's own stream (posterior draws)
     noise_std: float = 0.0  # per-coordinate std of the released mean gradient, set by the loop
 

@@ -35,6 +35,7 @@ from dpbench.methods.clipping import flat_clip_factors
 from dpbench.methods.context import RunInfo, StepContext
 from dpbench.methods.hooks import PRIVACY_HOOKS, UPDATE_HOOKS, refuse_hooks
 from dpbench.privacy.ledger import Query
+from dpbench.privacy.plan import StepPlan
 
 __all__ = ["PRIVACY_HOOKS", "EvalPoint", "ExtraQuery", "Mechanism", "NoiseShaper",
            "gradient_queries"]
@@ -158,12 +159,12 @@ class Mechanism:
         return None
 
 
-def gradient_queries(method: Mechanism, ctx: StepContext, sigma: float,
+def gradient_queries(mechanism: Mechanism, ctx: StepContext, plan: StepPlan,
                      extra: Sequence[ExtraQuery]) -> list[Query]:
-    """Return the ledger entries of a step: the gradient query and the method's extra ones."""
-    sens = method.sensitivity(ctx)
-    grad_sigma = method.gradient_noise_multiplier(sigma)
-    queries = [Query("gradient", sens, grad_sigma * sens)]
+    """Return the ledger entries of a step: the gradient query (its noise from ``plan``, at
+    the mechanism's current sensitivity) and the mechanism's extra ones."""
+    sens = mechanism.sensitivity(ctx)
+    queries = [Query("gradient", sens, plan.gradient_noise_std(sens))]
     queries += [Query(q.name, q.sensitivity, q.noise_std) for q in extra]
     if not all(math.isfinite(q.noise_std) for q in queries):
         raise ValueError("non-finite noise std")

@@ -22,8 +22,8 @@ from dpbench.analysis.claims import (
     superiority_verdict,
     threshold_verdict,
 )
-from dpbench.runners.reproduce import PAPERS, load_spec, paper_claims
 from dpbench.analysis.stats import seeds_for_power
+from dpbench.runners.reproduce import PAPERS, load_spec, paper_claims
 
 
 def _spread(mean: float, half_width: float, n: int) -> list[float]:
