@@ -24,7 +24,7 @@ declares is the one of its current parameters (checked by the loop at every step
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -84,7 +84,7 @@ class Mechanism:
     method's, for error messages.
     """
 
-    def __init__(self, name: str, settings: dict[str, Any]) -> None:
+    def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
         self.name = name
         self.settings = settings
         self.params: list[nn.Parameter] = []

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 from dpbench.config.schema import PrivacyConfig, TrainerConfig
 from dpbench.data.base import TaskData
 from dpbench.methods.base import DPMethod, RunInfo, StepContext
+from dpbench.methods.context import HeldOut
 from dpbench.privacy import PrivacyAccountant, PrivacyLedger
 from dpbench.privacy.plan import account_release, plan_privacy, step_plan
 from dpbench.tasks.base import Task
@@ -162,6 +163,12 @@ class Trainer:
         self.train_loader = shard_loader(loader, self.collective)
         self.devices = self.collective.gather_strings(_device_name(self.device))
         self.test_loader = DataLoader(self.data.test, batch_size=trainer.eval_batch_size)
+        # what an update's evaluation sees: the test metrics and log-probabilities only
+        held_task, test_loader, device = self.task, self.test_loader, self.device
+        self.held_out = HeldOut(
+            metrics=lambda model, predict=None: held_task.evaluate(model, test_loader, device,
+                                                                   predict=predict),
+            log_proba=lambda model, x: held_task.predict_log_proba(model, x), device=device)
         self.step = self.epoch = self.epoch_step = 0  # epoch_step: steps done in this epoch
         self.history: list[dict[str, Any]] = []
         self.step_history: list[dict[str, Any]] = []  # evaluations every eval_every_steps
@@ -209,7 +216,7 @@ class Trainer:
             handler(self, *args)
 
     def evaluate(self) -> dict[str, Any]:
-        return self.method.evaluate(self.task, self.model, self.test_loader, self.device)
+        return self.method.evaluate(self.held_out, self.model)
 
     def _evaluated(self, where: dict[str, int]) -> dict[str, Any]:
         """Return the test metrics; file the task's un-privatised diagnostics apart."""
