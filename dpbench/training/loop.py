@@ -142,8 +142,8 @@ class Trainer:
         method.setup(self.params, self.info)
         # the mechanism of every step, fixed once (privacy/plan.py): rate, sigma, sigma_g, bands
         self.step_plan = step_plan(
-            self.plan, method.mechanism.gradient_noise_multiplier(self.plan.noise_multiplier),
-            cyclic=method.participation_bands() is not None)
+            self.plan, method.mechanism.gradient_noise_multiplier(self.plan.noise_multiplier)
+            if self.plan.private else 0.0, cyclic=method.participation_bands() is not None)
         self.noise_shaper = method.noise_shaper(self.info) if self.plan.private else None
         self.clip_norm = privacy.clip_norm
         self.accountant = PrivacyAccountant(self.plan.accountant) if self.plan.private else None

@@ -77,7 +77,7 @@ def plan_at(method: DPMethod, sigma: float, expected_batch_size: float) -> StepP
     """Return the Poisson step plan of ``method`` at noise multiplier ``sigma`` and expected
     batch size B (for a step outside a run: the benchmark, tests; the loop builds its own)."""
     return StepPlan(sigma > 0, "poisson", 0.0, float(expected_batch_size), sigma,
-                    method.mechanism.gradient_noise_multiplier(sigma))
+                    method.mechanism.gradient_noise_multiplier(sigma) if sigma > 0 else 0.0)
 
 
 def clipped_aggregate(method: DPMethod, engine: Engine, task: Task, batch,
