@@ -93,7 +93,7 @@ privacy-audit: $(STAMP)  ## every method x (ledger check, sensitivity, audit), t
 clean:  ## remove run outputs (keeps .venv)
 	rm -rf outputs/runs outputs/multirun
 
-REPRODUCE := $(BIN)/python -m dpbench.analysis.reproduce
+REPRODUCE := $(BIN)/python -m dpbench.runners.reproduce
 
 reproduce: $(STAMP)  ## every CPU-scale reproduction spec, then outputs/claims/claims.md (one claim a row)
 	$(REPRODUCE) all $(ARGS)

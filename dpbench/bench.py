@@ -17,7 +17,7 @@ the second evaluation point; ``--models bandmf_cpu``: DP-SGD and BandMF on
 preset's model at a CPU resolution.
 
 ``stopwatch`` is the harness's clock reading (the device synchronised first); the in-run
-overhead timer (``dpbench.analysis.overhead``) reads the same clock.
+overhead timer (``dpbench.runners.overhead``) reads the same clock.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,7 @@ from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
 from dpbench.training.distributed import Collective
 from dpbench.training.engine.choice import build_engine
-from dpbench.training.step import private_release
+from dpbench.training.step import plan_at, private_release
 from dpbench.utils.conf import GRAD_SAMPLE_MODES
 
 #: model -> (input shape, batch size on CPU, batch size on CUDA); text models' shape is the
@@ -113,10 +114,11 @@ def dpbench_step(model, mode: str, batch, device, collective: Collective | None 
     size = expected_batch_size or batch[0].shape[0]
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=1.0,
                       expected_batch_size=float(size), sample_rate=0.01,
-                      dataset_size=int(size) * 100, total_steps=1, generator=gen)
+                      dataset_size=int(size) * 100, total_steps=1)
+    plan = plan_at(method, 1.0, float(size))
 
     def step() -> None:
-        release = private_release(method, engine, task, batch, ctx, 1.0, None,
+        release = private_release(method, engine, task, batch, ctx, plan, None, noise=gen,
                                   collective=collective)
         method.update(release.grads, ctx)
     return step
@@ -146,12 +148,14 @@ def _method_step(model, method_name: str, mode: str, batch, device) -> Callable[
     gen = torch.Generator(device=device).manual_seed(0)
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=1.0,
                       expected_batch_size=float(size), sample_rate=0.01,
-                      dataset_size=size * 100, total_steps=100, generator=gen,
-                      noise_std=1.0 / size)
+                      dataset_size=size * 100, total_steps=100)
+    plan = plan_at(method, 1.0, float(size))
+    ctx.noise_std = plan.released_noise_std(method.sensitivity(ctx))
     shaper = method.noise_shaper(info)
 
     def step() -> None:
-        release = private_release(method, engine, task, batch, ctx, 1.0, None, shaper)
+        release = private_release(method, engine, task, batch, ctx, plan, None, shaper,
+                                  noise=gen)
         method.update(method.postprocess(release.grads, ctx), ctx)
         ctx.step += 1
     return step
@@ -298,6 +302,17 @@ def summarise_rounds(rounds: list[dict[str, float]]) -> dict[str, tuple[float, s
     return out
 
 
+def rank_step(spec: dict[str, Any], rank: int, world: int,
+              device: torch.device) -> Callable[[], None]:
+    """Return rank ``rank``'s bk step of ``dpbench-bench --processes``: its slice ``r::K`` of
+    the batch, the release over the group's collective (``bench_processes``)."""
+    model, batch = model_and_batch(spec["model"], spec["shape"], spec["batch"], device)
+    mine = tuple(t[rank::world] for t in batch)
+    return dpbench_step(model, spec["mode"], mine, device,
+                        collective=Collective(rank=rank, world_size=world),
+                        expected_batch_size=float(spec["batch"]))
+
+
 def model_and_batch(name: str, shape, batch: int, device: torch.device):
     """Return (model, batch): random images and 10 labels, or token ids of length shape[0]
     with padded tails and 2 labels for a text model."""
@@ -424,7 +439,7 @@ def _print_processes(args: argparse.Namespace, device: torch.device) -> None:
         shape, b_cpu, b_gpu = DEFAULT_MODELS[name]
         batch = args.batch_size or (b_gpu if device.type == "cuda" else b_cpu)
         rounds = bench_processes(name, "bk", batch, shape, k, args.reps, args.warmup,
-                                 args.rounds, device.type, args.threads or 1)
+                                 args.rounds, rank_step, device.type, args.threads or 1)
         one = statistics.median(r[0] for r in rounds)
         many = statistics.median(r[1] for r in rounds)
         print(f"| {name} | dpbench bk, {k} processes | {batch} | {1e3 * one:.1f} | "

@@ -14,12 +14,11 @@ import os
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
-
-from dpbench.training.distributed import Collective
 
 
 def _free_port() -> int:
@@ -28,9 +27,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _worker(rank: int, world: int, port: int, spec: dict[str, Any], results: Any) -> None:
-    from dpbench.bench import dpbench_step, model_and_batch, sync_device
+#: builds rank r's step of a ``world``-process group: (spec, rank, world, device) -> step.
+#: ``dpbench.bench`` passes its own (a module-level function: spawn pickles it by name), so
+#: this module does not import the harness that imports it
+RankStep = Callable[[dict[str, Any], int, int, torch.device], Callable[[], None]]
 
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _worker(rank: int, world: int, port: int, spec: dict[str, Any], rank_step: RankStep,
+            results: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     cuda = spec["device"] == "cuda"
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
@@ -41,20 +50,16 @@ def _worker(rank: int, world: int, port: int, spec: dict[str, Any], results: Any
     try:
         torch.set_num_threads(spec["threads"])
         torch.manual_seed(0)
-        model, batch = model_and_batch(spec["model"], spec["shape"], spec["batch"], device)
-        mine = tuple(t[rank::world] for t in batch)
-        step = dpbench_step(model, spec["mode"], mine, device,
-                            collective=Collective(rank=rank, world_size=world),
-                            expected_batch_size=float(spec["batch"]))
+        step = rank_step(spec, rank, world, device)
         for _ in range(spec["warmup"]):
             step()
         times = []
         for _ in range(spec["reps"]):
             torch.distributed.barrier()
-            sync_device(device)
+            _sync(device)
             start = time.perf_counter()
             step()
-            sync_device(device)
+            _sync(device)
             times.append(time.perf_counter() - start)
         if rank == 0:
             results.put(statistics.median(times))
@@ -62,18 +67,21 @@ def _worker(rank: int, world: int, port: int, spec: dict[str, Any], results: Any
         torch.distributed.destroy_process_group()
 
 
-def _timed_group(world: int, spec: dict[str, Any]) -> float:
+def _timed_group(world: int, spec: dict[str, Any], rank_step: RankStep) -> float:
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(world, _free_port(), spec, results), nprocs=world,
+    mp.start_processes(_worker, args=(world, _free_port(), spec, rank_step, results),
+                       nprocs=world,
                        join=True, start_method="spawn")
     return float(results.get())
 
 
 def bench_processes(model: str, mode: str, batch: int, shape: tuple, world: int, reps: int,
-                    warmup: int, rounds: int, device: str = "cpu",
+                    warmup: int, rounds: int, rank_step: RankStep, device: str = "cpu",
                     threads: int = 1) -> list[tuple[float, float]]:
-    """Return per round (median 1-process step s, median ``world``-process step s)."""
+    """Return per round (median 1-process step s, median ``world``-process step s);
+    ``rank_step`` builds each rank's step (``dpbench.bench.rank_step``)."""
     spec = {"model": model, "mode": mode, "batch": batch, "shape": shape, "reps": reps,
             "warmup": warmup, "device": device, "threads": threads}
-    return [(_timed_group(1, spec), _timed_group(world, spec)) for _ in range(rounds)]
+    return [(_timed_group(1, spec, rank_step), _timed_group(world, spec, rank_step))
+            for _ in range(rounds)]

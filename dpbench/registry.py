@@ -15,7 +15,7 @@ import pkgutil
 import re
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from dpbench.errors import ConfigError
 
@@ -29,8 +29,11 @@ class Registry(Generic[T]):
 
     def __init__(self, kind: str, entry_point_group: str | None = None,
                  builtin_package: str | None = None, config_group: str | None = None,
-                 framework_keys: tuple[str, ...] = ()) -> None:
+                 framework_keys: tuple[str, ...] = (),
+                 check: Callable[[Any], None] | None = None) -> None:
         self.kind = kind
+        #: called on every entry before it is registered (built-in or plug-in); raises to refuse
+        self.check = check
         self.entry_point_group = entry_point_group
         self.builtin_package = builtin_package
         #: set for builders called with a config group's keys (``dataset``, ``model``): each is
@@ -50,6 +53,8 @@ class Registry(Generic[T]):
         """
 
         def decorator(obj: T) -> T:
+            if self.check is not None:
+                self.check(obj)
             known = self._entries.get(name)
             if known is not None and known is not obj and getattr(
                     known, "__wrapped__", None) is not obj:

@@ -15,10 +15,9 @@ The tiers, bottom to top (docs/architecture.md lists the same):
    plots, claims, steps-to-target and ``dpbench-report`` (``analysis.report``). They never
    train, and they import no runner.
 5. runners and the command line: ``cli``, ``__main__``, ``tune``, ``audit``, ``bench``,
-   ``bench_processes``, ``hpo``, and the two modules of ``analysis`` that train or run
-   sweeps (``analysis.reproduce``, ``analysis.overhead``). The console scripts' modules and
-   what they share; they may import each other, and a runner uses the readers to print its
-   tables.
+   ``bench_processes``, ``hpo`` and ``runners`` (what trains or runs sweeps and then reads:
+   ``runners.reproduce``, ``runners.overhead``). The console scripts' modules and what they
+   share; they may import each other, and a runner uses the readers to print its tables.
 
 A tier is given per subpackage or top-level module, or per module where a subpackage spans
 two tiers (the most specific name counts). A new subpackage or top-level module must be added
@@ -48,8 +47,7 @@ TIERS: dict[str, int] = {
     "experiment": ONE_RUN, "logging": ONE_RUN,
     "analysis": READERS,
     "cli": RUNNERS, "__main__": RUNNERS, "tune": RUNNERS, "audit": RUNNERS, "bench": RUNNERS,
-    "bench_processes": RUNNERS,
-    "analysis.reproduce": RUNNERS, "analysis.overhead": RUNNERS,
+    "bench_processes": RUNNERS, "runners": RUNNERS,
 }
 
 
@@ -61,7 +59,7 @@ def _unit(module: str) -> str:
 
 def _tier(module: str) -> int | None:
     """Return the tier of a dotted dpbench module: that of the most specific name in TIERS
-    (``analysis.reproduce`` before ``analysis``); None if its unit has none."""
+    (``training.loop`` before ``training``); None if its unit has none."""
     parts = module.split(".")[1:]
     for n in range(len(parts), 0, -1):
         if ".".join(parts[:n]) in TIERS:
@@ -125,7 +123,7 @@ def test_the_check_sees_an_upward_import():
 def test_readers_sit_below_the_runners():
     """A reader importing a runner (the command line, a trainer) fails the check above."""
     assert _tier("dpbench.analysis.report") == _tier("dpbench.analysis.claims") == READERS
-    assert _tier("dpbench.analysis.reproduce") == _tier("dpbench.cli") == RUNNERS
+    assert _tier("dpbench.runners.reproduce") == _tier("dpbench.cli") == RUNNERS
     assert _tier("dpbench.logging.records") < READERS
 
 
@@ -137,3 +135,76 @@ def test_scripts_never_import_tests():
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "tests"]
     assert not offenders, f"scripts import from tests/: {offenders}"
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Return module -> the dpbench modules it imports (any import, at any depth of the file;
+    ``from pkg import name`` counts as an import of ``pkg.name`` when that is a module)."""
+    modules = {_module_name(p).removesuffix(".__init__"): p for p in MODULES}
+
+    def known(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+                names = [base, *(f"{base}.{a.name}" for a in node.names)]
+            else:
+                continue
+            edges |= {known(n) for n in names if n.split(".")[0] == "dpbench"}
+        # a package's own parents are imported first anyway: not an edge of a circle
+        graph[module] = {e for e in edges if e and e != module and not module.startswith(e + ".")}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Return the strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    """No two modules import each other, directly or through others (imports inside functions
+    and under TYPE_CHECKING count)."""
+    assert _circles(_import_graph()) == []
+
+
+def test_the_circle_check_sees_a_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

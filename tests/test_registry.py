@@ -30,12 +30,16 @@ def test_builtin_methods_registered():
 def test_third_party_method_via_entry_point(tmp_path, monkeypatch):
     """A toy outside package registers through the ``dpbench.methods`` entry-point group."""
     (tmp_path / "toy_dpbench_plugin.py").write_text(textwrap.dedent('''
-        from dpbench.methods.base import DPMethod
+        from dpbench.methods.base import DPMethod, Update
 
-        class HalfStep(DPMethod):
-            """DP-SGD whose update halves the released gradient (post-processing)."""
+        class HalfUpdate(Update):
+            """Halves the released gradient (post-processing)."""
             def postprocess(self, grads, ctx):
                 return [0.5 * g for g in grads]
+
+        class HalfStep(DPMethod):
+            """DP-SGD whose update halves the released gradient."""
+            update_cls = HalfUpdate
     '''))
     dist = tmp_path / "toy_dpbench_plugin-0.1.dist-info"
     dist.mkdir()

@@ -11,10 +11,12 @@ of the released gradient at its coordinate; the top k+ scores are guessed "inclu
 k- "excluded".
 
 ``break_mechanism`` (tests only) makes the loop release without noise or without clipping while
-still *claiming* the planned epsilon: the audit must then report epsilon_lower > claimed. It
-wraps the method (``BrokenMechanism``) and turns the loop's sensitivity check off through the
-Trainer's explicit ``check_sensitivity`` option; nothing is patched at run time. The audit is
-the loop's callback plus an engine wrapper (``CanaryAudit``), built by ``CanaryRun``.
+still *claiming* the planned epsilon: the audit must then report epsilon_lower > claimed.
+``noise`` wraps the method (``BrokenMechanism``: its noise shaped to zero); ``clipping`` makes
+the audit's engine wrapper sum the unclipped gradients while reporting the honest clip factors
+to the loop's sensitivity check, which stays on (the loop has no switch to turn it off). Such
+a run's results.json says so under ``broken_on_purpose``. Nothing is patched at run time. The
+audit is the loop's callback plus an engine wrapper (``CanaryAudit``), built by ``CanaryRun``.
 
 Power: with m canaries and r guesses, the largest epsilon_lower the audit can certify is at
 most the bound for r correct guesses (``audit_power``); a mechanism leaking more looks the
@@ -136,23 +138,18 @@ def planned_epsilon(plan: PrivacyPlan) -> float:
 
 
 class BrokenMechanism:
-    """TESTS ONLY: the method with its noise (``noise``) or clipping (``clipping``) removed.
+    """TESTS ONLY: the method with its noise removed (``audit.break_mechanism=noise``).
 
     Every other attribute is the wrapped method's, so the loop runs unchanged and still
     accounts the planned mechanism (the noise is drawn at the planned scale, then shaped to
-    zero): the audit must catch the difference.
+    zero): the audit must catch the difference. The run's record says ``broken_on_purpose``.
     """
 
-    def __init__(self, method: Any, broken: str) -> None:
-        self.method, self.broken = method, broken
+    def __init__(self, method: Any) -> None:
+        self.method = method
 
     def noise_shaper(self, info: Any) -> Any:
-        return _ZeroNoise() if self.broken == "noise" else self.method.noise_shaper(info)
-
-    def clip_factors(self, norms: torch.Tensor, ctx: Any) -> torch.Tensor:
-        if self.broken == "clipping":
-            return torch.ones_like(norms)
-        return self.method.clip_factors(norms, ctx)
+        return _ZeroNoise()
 
     def __getattr__(self, name: str) -> Any:
         if name == "method":
@@ -199,17 +196,25 @@ class CanaryGradients:
     loop itself (``clip_materialised``) over its own ``per_example``.
     """
 
-    def __init__(self, engine: Any, canary_param: int, norm: float) -> None:
+    def __init__(self, engine: Any, canary_param: int, norm: float,
+                 unclipped: bool = False) -> None:
         if not engine.materialises:
             raise ConfigError("the audit needs per-example gradients: use "
                               "trainer.grad_sample_mode=hooks or functorch")
         self.engine, self.mode, self.params = engine, engine.mode, engine.params
         self.canary_param, self.norm = canary_param, norm
         self.active: list[int] = []  # canaries in this step's sample
+        #: TESTS ONLY (``audit.break_mechanism=clipping``): sum the unclipped gradients and
+        #: hand the loop's check the factors it asked for (a mechanism that lies to it)
+        self.unclipped = unclipped
 
     def clipped_sum(self, loss_fn, batch, points, factors_fn, observe=None) -> ClippedSum:
-        return clip_materialised(self.per_example, self.params, self.engine.names, loss_fn,
-                                 batch, points, factors_fn, observe)
+        if not self.unclipped:
+            return clip_materialised(self.per_example, self.params, self.engine.names,
+                                     loss_fn, batch, points, factors_fn, observe)
+        out = clip_materialised(self.per_example, self.params, self.engine.names, loss_fn,
+                                batch, points, torch.ones_like, observe)
+        return out._replace(factors=factors_fn(out.norms) * out.kept.to(out.norms.device))
 
     def per_example(self, loss_fn, batch) -> tuple[list[torch.Tensor], torch.Tensor]:
         grads, losses = self.engine.per_example(loss_fn, batch)
@@ -251,6 +256,7 @@ class CanaryAudit(Callback):
     def __init__(self, audit: AuditSettings, unsampled: float, model: CanaryModel,
                  clip_norm: float) -> None:
         self.audit, self.unsampled, self.model = audit, unsampled, model
+        self.unclipped = audit.break_mechanism == "clipping"  # TESTS ONLY
         self.canary_norm = audit.canary_norm * clip_norm
         gen = stream_generator(audit.seed, "audit_secrets")  # streams of their own
         self.included = torch.rand(audit.canaries, generator=gen) < 0.5  # the secrets S_i
@@ -262,7 +268,7 @@ class CanaryAudit(Callback):
     def wrap_engine(self, engine: Any) -> CanaryGradients:
         weight = self.model.canary.weight
         index = next(i for i, p in enumerate(engine.params) if p is weight)
-        self.engine = CanaryGradients(engine, index, self.canary_norm)
+        self.engine = CanaryGradients(engine, index, self.canary_norm, self.unclipped)
         return self.engine
 
     def on_step_start(self, trainer: Trainer) -> None:
@@ -299,8 +305,12 @@ class CanaryAudit(Callback):
                  "power_if_every_guess_right": audit_power(a.canaries, guesses, delta,
                                                            a.confidence),
                  "unsampled_probability": self.unsampled}
+        broken = ({"broken_on_purpose": f"audit.break_mechanism={a.break_mechanism}: the "
+                   "release ran without its " + a.break_mechanism + " while claiming the "
+                   "planned epsilon (a test of the audit; not a private run)"}
+                  if a.break_mechanism != "none" else {})
         return {**summary, "epsilon_claimed": summary["epsilon"], "epsilon_lower": lower,
-                "audit_power": power, "audit": audit}
+                "audit_power": power, "audit": audit, **broken}
 
 
 class CanaryRun:
@@ -328,16 +338,15 @@ class CanaryRun:
         audit = self.settings.sized(planned_epsilon(plan), plan.delta, unsampled)
         canary_model = CanaryModel(model, audit.canaries)
         self.canaries = CanaryAudit(audit, unsampled, canary_model, privacy.clip_norm)
-        if audit.break_mechanism != "none":
-            method = BrokenMechanism(method, audit.break_mechanism)
+        if audit.break_mechanism == "noise":
+            method = BrokenMechanism(method)
         self.trainer = Trainer(
             method=method, model=canary_model, privacy=privacy, data=data,
             # canaries join the one physical batch
             trainer=dataclasses.replace(trainer, max_physical_batch_size=None),
             callbacks=[*(callbacks or []), self.canaries],
             engine_wrapper=self.canaries.wrap_engine, materialise=True,
-            streams={"audit_canaries": self.canaries.sampler},
-            check_sensitivity=audit.break_mechanism != "clipping", **kwargs)
+            streams={"audit_canaries": self.canaries.sampler}, **kwargs)
         return self.trainer
 
     def run(self) -> dict[str, Any]:

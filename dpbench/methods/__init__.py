@@ -16,12 +16,22 @@ from dpbench.methods.base import (
     RunInfo,
     StepContext,
     Update,
+    check_pair,
 )
 from dpbench.registry import Registry
 
+
+def check_method(cls: type) -> None:
+    """Refuse a method class (or any class it inherits from) that defines a hook outside its
+    mechanism and update (``check_pair``): hooks set on the class after it was created too."""
+    for klass in cls.__mro__:
+        if klass not in (DPMethod, object):
+            check_pair(klass)
+
+
 METHODS: Registry[type[DPMethod]] = Registry(
-    "method", entry_point_group="dpbench.methods", builtin_package=__name__
-)
+    "method", entry_point_group="dpbench.methods", builtin_package=__name__,
+    check=check_method)
 register_method = METHODS.register
 get_method = METHODS.get
 method_names = METHODS.names

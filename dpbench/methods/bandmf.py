@@ -20,6 +20,7 @@ the loop calibrates and accounts exactly that. b = 1 is DP-SGD, draw for draw.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +69,7 @@ def available_memory_bytes(device: torch.device) -> int | None:
 class BandedMatrixFactorization(Mechanism):
     """DP-SGD's clipping with cyclic Poisson sampling and banded correlated noise."""
 
-    def __init__(self, name: str, settings: dict[str, Any]) -> None:
+    def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
         super().__init__(name, settings)
         self.config = BandMFSettings(**self.settings)
         self.coefs: np.ndarray | None = None

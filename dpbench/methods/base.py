@@ -22,7 +22,8 @@ hooks:
  7    ``postprocess(grads, ctx)``      update     filters, spectral denoising
  8    ``update(grads, ctx)``           update     the optimiser step (SGD/Adam/AdamBC/IVON)
  9    ``after_step(released, ctx)``    update     e.g. the adaptive threshold from a noisy count
- --   ``evaluate``, ``step_metrics``   update     extra evaluation (posterior averaging), logs
+ --   ``evaluate(held_out, model)``   update     extra evaluation (posterior averaging) on the
+      ``step_metrics()``                          loop's held-out data only; per-step logs
 ====  ==============================  =========  ==============================================
 
 The mechanism (``dpbench.methods.mechanism``) is all of a method that can change epsilon;
@@ -39,7 +40,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from dpbench.methods.context import RunInfo, StepContext
+from dpbench.methods.context import HeldOut, RunInfo, StepContext
+from dpbench.methods.hooks import PRIVACY_HOOKS, UPDATE_HOOKS, refuse_hooks
 from dpbench.methods.mechanism import (
     EvalPoint,
     ExtraQuery,
@@ -50,15 +52,28 @@ from dpbench.methods.mechanism import (
 from dpbench.methods.settings import NoSettings, checked_settings
 from dpbench.methods.update import OptimizerFactory, Update
 
-__all__ = ["DPMethod", "EvalPoint", "ExtraQuery", "Mechanism", "NoiseShaper",
-           "OptimizerFactory", "RunInfo", "StepContext", "Update", "gradient_queries"]
+__all__ = ["DPMethod", "EvalPoint", "ExtraQuery", "HeldOut", "Mechanism", "NoiseShaper",
+           "OptimizerFactory", "RunInfo", "StepContext", "Update", "check_pair",
+           "gradient_queries"]
+
+
+def check_pair(cls: type) -> None:
+    """Raise ``TypeError`` if a method class defines a hook itself: a method is the pair of its
+    ``mechanism_cls`` (every hook that can change epsilon) and its ``update_cls``; a hook
+    written on the pair would bypass the half a privacy review reads."""
+    refuse_hooks(cls, PRIVACY_HOOKS, "can change epsilon; they belong to the method's "
+                 "Mechanism (mechanism_cls), not to the method class")
+    refuse_hooks(cls, UPDATE_HOOKS, "post-process the release; they belong to the method's "
+                 "Update (update_cls), not to the method class")
 
 
 class DPMethod:
     """A mechanism (``mechanism_cls``) and an update (``update_cls``); defaults: DP-SGD.
 
     Settings arrive as keyword arguments from ``conf/method/<name>.yaml``, checked against
-    ``settings_cls`` (``self.settings`` is the checked dict, shared by both halves);
+    ``settings_cls`` (``self.settings`` is the checked, read-only mapping both halves get);
+    the hooks are the halves' own, reached through the pair (``__getattr__``); a subclass
+    that defines one is refused (``check_pair``);
     ``optimizer`` is a Hydra ``_partial_`` optimiser factory, the update's.
     """
 
@@ -76,6 +91,10 @@ class DPMethod:
     mechanism_cls: ClassVar[type[Mechanism]] = Mechanism
     #: what is done with the release: post-processing
     update_cls: ClassVar[type[Update]] = Update
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        check_pair(cls)
 
     def __init__(self, optimizer: OptimizerFactory | None = None, **settings: Any) -> None:
         self.settings = checked_settings(self.name, self.settings_cls, settings)
@@ -142,40 +161,11 @@ class DPMethod:
         self.mechanism.load_state_dict(extra)
         self.updater.load_state_dict(extra)
 
-    # ---- the mechanism's hooks (stages 1-6): all that can change epsilon -----------------
-    def participation_bands(self) -> int | None:
-        return self.mechanism.participation_bands()
-
-    def evaluation_points(self, ctx: StepContext) -> list[EvalPoint]:
-        return self.mechanism.evaluation_points(ctx)
-
-    def clip_factors(self, norms: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        return self.mechanism.clip_factors(norms, ctx)
-
-    def sensitivity(self, ctx: StepContext) -> float:
-        return self.mechanism.sensitivity(ctx)
-
-    def gradient_noise_multiplier(self, sigma: float) -> float:
-        return self.mechanism.gradient_noise_multiplier(sigma)
-
-    def extra_queries(self, norms: torch.Tensor, ctx: StepContext) -> list[ExtraQuery]:
-        return self.mechanism.extra_queries(norms, ctx)
-
-    def noise_shaper(self, info: RunInfo) -> NoiseShaper | None:
-        return self.mechanism.noise_shaper(info)
-
-    # ---- the update's hooks (stages 7-9, evaluation): post-processing --------------------
-    def postprocess(self, grads: list[torch.Tensor], ctx: StepContext) -> list[torch.Tensor]:
-        return self.updater.postprocess(grads, ctx)
-
-    def update(self, grads: list[torch.Tensor], ctx: StepContext) -> None:
-        self.updater.update(grads, ctx)
-
-    def after_step(self, released: dict[str, torch.Tensor], ctx: StepContext) -> None:
-        self.updater.after_step(released, ctx)
-
-    def evaluate(self, task: Any, model: nn.Module, loader: Any, device: torch.device) -> dict:
-        return self.updater.evaluate(task, model, loader, device)
-
-    def step_metrics(self) -> dict[str, float]:
-        return self.updater.step_metrics()
+    # ---- the hooks: each half's own, reached through the pair (none defined here) --------
+    def __getattr__(self, name: str) -> Any:
+        """Return the hook ``name`` of the half it belongs to (``methods/hooks.py``)."""
+        if name in PRIVACY_HOOKS:
+            return getattr(self.__dict__["mechanism"], name)
+        if name in UPDATE_HOOKS:
+            return getattr(self.__dict__["updater"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

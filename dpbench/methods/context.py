@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +11,8 @@ import torch
 
 @dataclass
 class StepContext:
-    """What a method may know about the current step (no raw data)."""
+    """What a method may know about the current step: public facts, no raw data and no
+    noise generator (the release alone holds the run's noise stream)."""
 
     step: int
     epoch: int
@@ -21,9 +23,23 @@ class StepContext:
     sample_rate: float
     dataset_size: int
     total_steps: int
-    generator: torch.Generator | None = None  # the loop's noise RNG (the release only)
     method_generator: torch.Generator | None = None  # the method's own stream (posterior draws)
     noise_std: float = 0.0  # per-coordinate std of the released mean gradient, set by the loop
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """The held-out evaluation the loop hands an update: the task's test metrics of a model,
+    and its log-probabilities on test inputs; no training data, no task, no loader.
+
+    ``metrics(model, predict=None)``: the task's test metrics (``predict`` replaces the
+    model's log-probabilities, e.g. a posterior average); ``log_proba(model, x)``: the task's
+    log-probabilities of inputs ``x``; ``device``: where the model lives.
+    """
+
+    metrics: Callable[..., dict[str, Any]]
+    log_proba: Callable[[Any, torch.Tensor], torch.Tensor]
+    device: torch.device
 
 
 @dataclass

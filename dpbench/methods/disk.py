@@ -17,6 +17,7 @@ kappa = 1 gives a = 0 and g~ = g: the base optimiser on the DP gradient.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +58,7 @@ class TwoPointObservation(Mechanism):
     per-example gradients itself.
     """
 
-    def __init__(self, name: str, settings: dict[str, Any]) -> None:
+    def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
         super().__init__(name, settings)
         self.previous_params: list[torch.Tensor] | None = None  # theta_{t-1}
 
@@ -99,7 +100,7 @@ def remember_weights(update: Update) -> None:
 class KalmanFilteredUpdate(Update):
     """DiSK's stages 7 and 8: ``g~_t = (1 - kappa) g~_{t-1} + kappa g_t``, then the optimiser."""
 
-    def __init__(self, name: str, settings: dict[str, Any], mechanism: Mechanism,
+    def __init__(self, name: str, settings: Mapping[str, Any], mechanism: Mechanism,
                  optimizer: OptimizerFactory | None = None) -> None:
         super().__init__(name, settings, mechanism, optimizer)
         self.filtered: list[torch.Tensor] | None = None  # g~_{t-1}

@@ -21,6 +21,7 @@ The method is a pair of reused halves: DiSK's mechanism (``TwoPointObservation``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +72,7 @@ class FilterAwareAdam(NoiseCorrectedAdam):
     """FIBER's stages 7 and 8: the innovation filter (or the EMA ablation), then AdamBC with
     the filtered noise variance removed; theta_t is remembered for the two-point observation."""
 
-    def __init__(self, name: str, settings: dict[str, Any], mechanism: Mechanism,
+    def __init__(self, name: str, settings: Mapping[str, Any], mechanism: Mechanism,
                  optimizer: OptimizerFactory | None = None) -> None:
         super().__init__(name, settings, mechanism, optimizer)
         self.filtered: list[torch.Tensor] | None = None  # g~_{t-1}

@@ -21,7 +21,7 @@ Prediction is Bayesian model averaging over posterior samples (the update's ``ev
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ from dpbench.methods import register_method
 from dpbench.methods.base import (
     DPMethod,
     EvalPoint,
+    HeldOut,
     Mechanism,
     OptimizerFactory,
     RunInfo,
@@ -174,7 +175,7 @@ class PosteriorSampling(Mechanism):
     example before clipping, so any posterior gives one release of the declared sensitivity.
     """
 
-    def __init__(self, name: str, settings: dict[str, Any]) -> None:
+    def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
         super().__init__(name, settings)
         self.posterior: IVONOptimizer | None = None  # set by the update's setup
         self.offsets: list[list[torch.Tensor]] = []  # this step's theta_s - m
@@ -200,7 +201,7 @@ class IVONUpdate(Update):
 
     mechanism: PosteriorSampling
 
-    def __init__(self, name: str, settings: dict[str, Any], mechanism: Mechanism,
+    def __init__(self, name: str, settings: Mapping[str, Any], mechanism: Mechanism,
                  optimizer: OptimizerFactory | None = None) -> None:
         super().__init__(name, settings, mechanism, optimizer or IVONOptimizer)
         self._diag = {"steps": 0, "zero_fraction_sum": 0.0, "last_zero_fraction": 0.0}
@@ -280,37 +281,36 @@ class IVONUpdate(Update):
         self._diag.update(state)
 
     # ---- prediction ----------------------------------------------------------------------
-    def evaluate(self, task: Any, model: nn.Module, loader: Any, device: torch.device) -> dict:
+    def evaluate(self, held_out: HeldOut, model: nn.Module) -> dict:
         """Return BMA metrics over S posterior samples, plus ``at_mean_*`` metrics at m.
 
         p(y|x) = (1/S) sum_s softmax(f(x; theta_s)), theta_s ~ q (IVON paper, eq. 4). The S
         samples are fixed for the whole evaluation (seeded by ``eval_seed``) and drawn from a
         generator of their own, so evaluating never changes the training noise.
         """
-        at_mean = task.evaluate(model, loader, device)
+        at_mean = held_out.metrics(model)
         scalars = {k: v for k, v in at_mean.items() if isinstance(v, (int, float))}
         out: dict[str, Any] = {f"at_mean_{k}": v for k, v in scalars.items()}
         s = self.settings["eval_samples"]
         if s == 0:
             out.update(at_mean)
         else:
-            out.update(task.evaluate(model, loader, device,
-                                     predict=self._bma_predictor(task, model, device, s)))
+            out.update(held_out.metrics(model, predict=self._bma_predictor(held_out, model, s)))
         out["hess_mean"] = self.hess_mean()
         if self.settings["hess"] == "gradsq":
             out["vhat_zero_fraction"] = self._diag["last_zero_fraction"]
         return out
 
-    def _bma_predictor(self, task: Any, model: nn.Module, device: torch.device,
+    def _bma_predictor(self, held_out: HeldOut, model: nn.Module,
                        samples: int) -> Callable[[torch.Tensor], torch.Tensor]:
-        seed = int(self.settings["eval_seed"])
+        seed, device = int(self.settings["eval_seed"]), held_out.device
 
         def predict(x: torch.Tensor) -> torch.Tensor:
             log_probs = []
             for i in range(samples):  # regenerate sample i per batch: no S x params memory
                 gen = stream_generator(seed, "method_eval", device, i)
                 with parameters_at(self.params, self.ivon.sample_offsets(gen)):
-                    log_probs.append(task.predict_log_proba(model, x))
+                    log_probs.append(held_out.log_proba(model, x))
             return torch.logsumexp(torch.stack(log_probs), dim=0) - math.log(samples)
 
         return predict

@@ -24,31 +24,21 @@ declares is the one of its current parameters (checked by the loop at every step
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from dpbench.methods.clipping import flat_clip_factors
 from dpbench.methods.context import RunInfo, StepContext
+from dpbench.methods.hooks import PRIVACY_HOOKS, UPDATE_HOOKS, refuse_hooks
 from dpbench.privacy.ledger import Query
+from dpbench.privacy.plan import StepPlan
 
-if TYPE_CHECKING:
-    from dpbench.methods.base import DPMethod
-
-#: the hooks that can change epsilon; an ``Update`` may define none of them
-PRIVACY_HOOKS = ("participation_bands", "evaluation_points", "clip_factors", "sensitivity",
-                 "gradient_noise_multiplier", "extra_queries", "noise_shaper")
-
-
-def refuse_hooks(cls: type, hooks: Sequence[str], reason: str) -> None:
-    """Raise ``TypeError`` if ``cls`` itself defines one of ``hooks`` (a hook in the wrong half
-    would never be called: ``DPMethod`` hands each hook to one half only)."""
-    stray = sorted(set(vars(cls)) & set(hooks))
-    if stray:
-        raise TypeError(f"{cls.__name__}: {stray} {reason}")
+__all__ = ["PRIVACY_HOOKS", "EvalPoint", "ExtraQuery", "Mechanism", "NoiseShaper",
+           "gradient_queries"]
 
 
 class NoiseShaper(Protocol):
@@ -94,7 +84,7 @@ class Mechanism:
     method's, for error messages.
     """
 
-    def __init__(self, name: str, settings: dict[str, Any]) -> None:
+    def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
         self.name = name
         self.settings = settings
         self.params: list[nn.Parameter] = []
@@ -102,8 +92,6 @@ class Mechanism:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        from dpbench.methods.update import UPDATE_HOOKS
-
         refuse_hooks(cls, UPDATE_HOOKS, "post-process the release; they belong to the "
                      "method's Update, not to its Mechanism")
 
@@ -171,12 +159,12 @@ class Mechanism:
         return None
 
 
-def gradient_queries(method: DPMethod, ctx: StepContext, sigma: float,
+def gradient_queries(mechanism: Mechanism, ctx: StepContext, plan: StepPlan,
                      extra: Sequence[ExtraQuery]) -> list[Query]:
-    """Return the ledger entries of a step: the gradient query and the method's extra ones."""
-    sens = method.sensitivity(ctx)
-    grad_sigma = method.gradient_noise_multiplier(sigma)
-    queries = [Query("gradient", sens, grad_sigma * sens)]
+    """Return the ledger entries of a step: the gradient query (its noise from ``plan``, at
+    the mechanism's current sensitivity) and the mechanism's extra ones."""
+    sens = mechanism.sensitivity(ctx)
+    queries = [Query("gradient", sens, plan.gradient_noise_std(sens))]
     queries += [Query(q.name, q.sensitivity, q.noise_std) for q in extra]
     if not all(math.isfinite(q.noise_std) for q in queries):
         raise ValueError("non-finite noise std")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -35,8 +36,10 @@ def require(ok: bool, key: str, expected: str, value: Any) -> None:
     ranges.require(ok, f"method.settings.{key}", expected, value)
 
 
-def checked_settings(method: str, settings_cls: type, values: Mapping[str, Any]) -> dict:
-    """Return the settings as a dict: ``values`` over the defaults, types and ranges checked.
+def checked_settings(method: str, settings_cls: type, values: Mapping[str, Any]
+                     ) -> Mapping[str, Any]:
+    """Return the settings as a read-only mapping: ``values`` over the defaults, types and
+    ranges checked (frozen: neither half of a method can change what the other reads).
 
     Unknown keys, values of the wrong type (OmegaConf's conversion rules, as at composition)
     and values out of range (the dataclass's ``__post_init__``) raise a one-line ConfigError
@@ -53,4 +56,4 @@ def checked_settings(method: str, settings_cls: type, values: Mapping[str, Any])
         key = getattr(err, "full_key", None) or getattr(err, "key", None) or "?"
         message = str(getattr(err, "msg", err)).splitlines()[0]
         raise ConfigError(f"method.settings.{key}: {message}") from err
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    return MappingProxyType({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})

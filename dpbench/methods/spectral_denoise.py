@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,7 +97,7 @@ class SpectralDenoiseSettings:
 class SpectralShrinkage(Update):
     """Stage 7: each selected 2-D released gradient denoised; then the YAML's optimiser."""
 
-    def __init__(self, name: str, settings: dict[str, Any], mechanism: Mechanism,
+    def __init__(self, name: str, settings: Mapping[str, Any], mechanism: Mechanism,
                  optimizer: OptimizerFactory | None = None) -> None:
         super().__init__(name, settings, mechanism, optimizer)
         self.param_names: dict[int, str] = {}  # by identity, from the method's configure_model

@@ -8,7 +8,7 @@ defaults apply the YAML's optimiser to the released gradient:
 ``postprocess(grads, ctx)``      filters, denoising of the released gradient: unchanged
 ``update(grads, ctx)``           the optimiser step on the (post-processed) gradient
 ``after_step(released, ctx)``    use of the noisy extra queries (e.g. the next threshold)
-``evaluate(task, model, ...)``   the test metrics: the task's, at the current weights
+``evaluate(held_out, model)``    the test metrics: the task's, at the current weights
 ``step_metrics()``               per-step diagnostics to log: none
 ==============================  ===============================================================
 
@@ -19,19 +19,19 @@ mechanism hook (``PRIVACY_HOOKS``), and defining one raises at class creation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from dpbench.methods.context import RunInfo, StepContext
-from dpbench.methods.mechanism import PRIVACY_HOOKS, Mechanism, refuse_hooks
+from dpbench.methods.context import HeldOut, RunInfo, StepContext
+from dpbench.methods.hooks import PRIVACY_HOOKS, UPDATE_HOOKS, refuse_hooks
+from dpbench.methods.mechanism import Mechanism
+
+__all__ = ["UPDATE_HOOKS", "OptimizerFactory", "Update"]
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
-
-#: the hooks that post-process the release; a ``Mechanism`` may define none of them
-UPDATE_HOOKS = ("postprocess", "update", "after_step", "evaluate", "step_metrics")
 
 
 class Update:
@@ -41,7 +41,7 @@ class Update:
     the method's (for error messages) and ``optimizer`` a Hydra ``_partial_`` factory.
     """
 
-    def __init__(self, name: str, settings: dict[str, Any], mechanism: Mechanism,
+    def __init__(self, name: str, settings: Mapping[str, Any], mechanism: Mechanism,
                  optimizer: OptimizerFactory | None = None) -> None:
         self.name = name
         self.settings = settings
@@ -92,9 +92,10 @@ class Update:
     def after_step(self, released: dict[str, torch.Tensor], ctx: StepContext) -> None:
         """Use the step's noisy extra queries (``released``: name -> noisy sum)."""
 
-    def evaluate(self, task: Any, model: nn.Module, loader: Any, device: torch.device) -> dict:
-        """Return test metrics; default: the task's evaluation at the current weights."""
-        return task.evaluate(model, loader, device)
+    def evaluate(self, held_out: HeldOut, model: nn.Module) -> dict:
+        """Return test metrics; default: the task's held-out metrics at the current weights
+        (``held_out`` holds the test evaluation only: no training data)."""
+        return held_out.metrics(model)
 
     def step_metrics(self) -> dict[str, float]:
         """Return per-step diagnostics to log (e.g. the current clip threshold)."""

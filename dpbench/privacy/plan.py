@@ -21,7 +21,7 @@ from dpbench.privacy.samplers import DEFAULT_SAMPLER, Sampling, resolve_sampling
 from dpbench.utils.ranges import require
 
 
-@dataclass
+@dataclass(frozen=True)
 class PrivacyPlan:
     """The mechanism fixed before training: rate, steps, delta and calibrated sigma."""
 
@@ -37,6 +37,45 @@ class PrivacyPlan:
     bands: int = 1  # cyclic Poisson over b partitions: accounted as DP-SGD at b q, T / b steps
     #: the batch sampler and its neighbouring relation (``samplers.py``)
     sampling: Sampling = Sampling()
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The mechanism of every step, fixed once from the validated settings before training.
+
+    ``sampling``: ``trainer.sampler`` (``poisson``, ``fixed_size``, ``shuffle``), or
+    ``cyclic_poisson`` over ``bands`` partitions (BandMF; ``privacy/events.py``);
+    ``noise_multiplier``: the sigma calibrated for the run (the
+    combined multiplier of a step's queries may not go below it); ``gradient_noise_multiplier``:
+    sigma_g of the gradient query (sigma unless the mechanism splits it with extra queries).
+    ``gradient_noise_std`` is the one place the noise's std is computed.
+    """
+
+    private: bool
+    sampling: str
+    sample_rate: float
+    expected_batch_size: float
+    noise_multiplier: float
+    gradient_noise_multiplier: float
+    bands: int = 1
+
+    def gradient_noise_std(self, sensitivity: float) -> float:
+        """Return sigma_g S: the std of the Gaussian noise added to the gradient's clipped sum."""
+        return self.gradient_noise_multiplier * sensitivity
+
+    def released_noise_std(self, sensitivity: float) -> float:
+        """Return sigma_g S / B: the per-coordinate std of the released mean gradient (B the
+        *expected* batch size), what post-processing reads as ``StepContext.noise_std``."""
+        return self.gradient_noise_std(sensitivity) / self.expected_batch_size
+
+
+def step_plan(plan: PrivacyPlan, gradient_noise_multiplier: float,
+              cyclic: bool = False) -> StepPlan:
+    """Return the step plan of ``plan`` with the mechanism's gradient multiplier (stage 6)."""
+    return StepPlan(plan.private, "cyclic_poisson" if cyclic else plan.sampling.sampler,
+                    plan.sample_rate,
+                    plan.expected_batch_size, plan.noise_multiplier,
+                    gradient_noise_multiplier if plan.private else 0.0, plan.bands)
 
 
 def plan_privacy(privacy: Any, trainer: Any, dataset_size: int, private: bool,

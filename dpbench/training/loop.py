@@ -27,8 +27,9 @@ from torch.utils.data import DataLoader
 from dpbench.config.schema import PrivacyConfig, TrainerConfig
 from dpbench.data.base import TaskData
 from dpbench.methods.base import DPMethod, RunInfo, StepContext
+from dpbench.methods.context import HeldOut
 from dpbench.privacy import PrivacyAccountant, PrivacyLedger
-from dpbench.privacy.plan import account_release, plan_privacy
+from dpbench.privacy.plan import account_release, plan_privacy, step_plan
 from dpbench.tasks.base import Task
 from dpbench.training.distributed import Collective, shard_loader
 from dpbench.training.engine.check import EngineVerifier, record_check
@@ -93,20 +94,19 @@ class Trainer:
     """Runs one method on one task under one privacy plan; resumable from its run dir.
 
     Seams, so that nothing subclasses the loop: ``callbacks`` (``Callback``'s events),
-    ``engine_wrapper`` (around the checked engine: the audit's canaries), ``materialise``
+    ``engine_wrapper`` (around the checked engine: the audit's canaries; the sensitivity check
+    applies to what it returns, and there is no switch to turn the check off), ``materialise``
     (``auto`` builds an engine with per-example gradients), ``streams`` (checkpointed)."""
 
     def __init__(self, *, method: DPMethod, model: nn.Module, task: Task, data: TaskData,
                  privacy: PrivacyConfig, trainer: TrainerConfig, seed: int,
                  run_dir: str | Path | None = None, callbacks: list[Callback] | None = None,
-                 fingerprint: str = "", check_sensitivity: bool = True,
-                 collective: Collective | None = None,
+                 fingerprint: str = "", collective: Collective | None = None,
                  engine_wrapper: Callable[[Engine], Engine] | None = None,
                  materialise: bool = False,
                  streams: dict[str, torch.Generator] | None = None) -> None:
         self.method = method
         self.collective = collective or Collective()  # 1 process unless torchrun (distributed.py)
-        self.check_sensitivity = check_sensitivity  # False: the audit's broken mechanism only
         self.settings, self.seed, self.fingerprint = trainer, seed, fingerprint
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.checkpoint = RunCheckpoint(self.run_dir, trainer)
@@ -140,6 +140,10 @@ class Trainer:
             private=self.plan.private, task=data.task, device=self.device)
         method.validate(self.info)
         method.setup(self.params, self.info)
+        # the mechanism of every step, fixed once (privacy/plan.py): rate, sigma, sigma_g, bands
+        self.step_plan = step_plan(
+            self.plan, method.mechanism.gradient_noise_multiplier(self.plan.noise_multiplier)
+            if self.plan.private else 0.0, cyclic=method.participation_bands() is not None)
         self.noise_shaper = method.noise_shaper(self.info) if self.plan.private else None
         self.clip_norm = privacy.clip_norm
         self.accountant = (PrivacyAccountant(self.plan.accountant, self.plan.sampling)
@@ -160,6 +164,12 @@ class Trainer:
         self.train_loader = shard_loader(loader, self.collective)
         self.devices = self.collective.gather_strings(_device_name(self.device))
         self.test_loader = DataLoader(self.data.test, batch_size=trainer.eval_batch_size)
+        # what an update's evaluation sees: the test metrics and log-probabilities only
+        held_task, test_loader, device = self.task, self.test_loader, self.device
+        self.held_out = HeldOut(
+            metrics=lambda model, predict=None: held_task.evaluate(model, test_loader, device,
+                                                                   predict=predict),
+            log_proba=lambda model, x: held_task.predict_log_proba(model, x), device=device)
         self.step = self.epoch = self.epoch_step = 0  # epoch_step: steps done in this epoch
         self.history: list[dict[str, Any]] = []
         self.step_history: list[dict[str, Any]] = []  # evaluations every eval_every_steps
@@ -176,8 +186,7 @@ class Trainer:
             noise_multiplier=self.plan.noise_multiplier, clip_norm=self.clip_norm,
             expected_batch_size=self.plan.expected_batch_size,
             sample_rate=self.plan.sample_rate, dataset_size=len(self.data.train),
-            total_steps=self.plan.total_steps, generator=self.noise_generator,
-            method_generator=self.generators["method"])
+            total_steps=self.plan.total_steps, method_generator=self.generators["method"])
 
     def train_step(self, batch: Any) -> dict[str, Any]:
         """One logical step: release (private) or exact gradient, then the update."""
@@ -185,12 +194,10 @@ class Trainer:
         physical = self.settings.max_physical_batch_size
         if self.plan.private:
             self._emit("on_step_start")
-            ctx.noise_std = (self.method.gradient_noise_multiplier(self.plan.noise_multiplier)
-                             * self.method.sensitivity(ctx) / self.plan.expected_batch_size)
+            ctx.noise_std = self.step_plan.released_noise_std(self.method.sensitivity(ctx))
             release = private_release(self.method, self.engine, self.task, batch, ctx,
-                                      self.plan.noise_multiplier, physical, self.noise_shaper,
-                                      check_sensitivity=self.check_sensitivity,
-                                      collective=self.collective)
+                                      self.step_plan, physical, self.noise_shaper,
+                                      noise=self.noise_generator, collective=self.collective)
             # the release happened: account before anything can fail
             account_release(self.plan, self.ledger, self.accountant, self.step, release.queries)
             self._emit("on_release", release)
@@ -210,7 +217,7 @@ class Trainer:
             handler(self, *args)
 
     def evaluate(self) -> dict[str, Any]:
-        return self.method.evaluate(self.task, self.model, self.test_loader, self.device)
+        return self.method.evaluate(self.held_out, self.model)
 
     def _evaluated(self, where: dict[str, int]) -> dict[str, Any]:
         """Return the test metrics; file the task's un-privatised diagnostics apart."""

@@ -23,6 +23,7 @@ from dpbench.methods.base import (
     gradient_queries,
 )
 from dpbench.privacy.ledger import Query
+from dpbench.privacy.plan import StepPlan
 from dpbench.tasks.base import Task
 from dpbench.training.batches import batch_size, physical_chunks, select_rows
 from dpbench.training.distributed import Collective
@@ -72,14 +73,21 @@ class Aggregate:
     factors: torch.Tensor
 
 
+def plan_at(method: DPMethod, sigma: float, expected_batch_size: float) -> StepPlan:
+    """Return the Poisson step plan of ``method`` at noise multiplier ``sigma`` and expected
+    batch size B (for a step outside a run: the benchmark, tests; the loop builds its own)."""
+    return StepPlan(sigma > 0, "poisson", 0.0, float(expected_batch_size), sigma,
+                    method.mechanism.gradient_noise_multiplier(sigma) if sigma > 0 else 0.0)
+
+
 def clipped_aggregate(method: DPMethod, engine: Engine, task: Task, batch,
-                      ctx: StepContext, sigma: float, max_physical: int | None, *,
-                      check_sensitivity: bool = True) -> Aggregate:
+                      ctx: StepContext, plan: StepPlan, max_physical: int | None
+                      ) -> Aggregate:
     """Return sum_i w_i u_i and the extra queries' sums, checked against their sensitivity.
 
     Stages 3-5 and the pre-noise half of stage 6; ``private_release`` adds the noise. Tests
-    call this on neighbouring batches to check the sensitivity the accountant assumes.
-    ``check_sensitivity=False`` is for the audit's deliberately broken mechanism only.
+    call this on neighbouring batches to check the sensitivity the accountant assumes. The
+    check cannot be turned off: a release whose contributions exceed it is refused.
     """
     params = engine.params
     points = method.evaluation_points(ctx)
@@ -98,8 +106,7 @@ def clipped_aggregate(method: DPMethod, engine: Engine, task: Task, batch,
         chunk_sums, norms, factors, loss, kept = engine.clipped_sum(
             task.per_example_loss, chunk, points, lambda nr: method.clip_factors(nr, ctx),
             observe)
-        if check_sensitivity:
-            _check_bound("gradient", factors * norms, sensitivity)
+        _check_bound("gradient", factors * norms, sensitivity)
         if sums is None:
             sums = list(chunk_sums)
         else:
@@ -108,8 +115,7 @@ def clipped_aggregate(method: DPMethod, engine: Engine, task: Task, batch,
         every = bool(kept.all())  # the common case: no boolean indexing
         kept_norms = norms if every else norms[kept.to(norms.device)]
         for q in method.extra_queries(kept_norms, ctx):  # dropped examples make no query
-            if check_sensitivity:
-                _check_bound(q.name, q.values.abs(), q.sensitivity)
+            _check_bound(q.name, q.values.abs(), q.sensitivity)
             extra_sums[q.name] = extra_sums.get(q.name, 0.0) + q.values.sum()
             extra_specs[q.name] = q
         losses.append(loss.detach())
@@ -120,7 +126,7 @@ def clipped_aggregate(method: DPMethod, engine: Engine, task: Task, batch,
     if not extra_specs:  # an empty batch still releases every query the method makes
         extra_specs = {q.name: q for q in method.extra_queries(
             torch.zeros(0, device=sums[0].device), ctx)}
-    queries = gradient_queries(method, ctx, sigma, list(extra_specs.values()))
+    queries = gradient_queries(method.mechanism, ctx, plan, list(extra_specs.values()))
     return Aggregate(
         sums=sums, extra_sums=extra_sums, extra_specs=extra_specs, queries=queries,
         realised_batch=n, losses=_joined(losses), norms=_joined(norms_all),
@@ -135,11 +141,15 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 def private_release(method: DPMethod, engine: Engine, task: Task, batch,
-                    ctx: StepContext, sigma: float, max_physical: int | None,
+                    ctx: StepContext, plan: StepPlan, max_physical: int | None,
                     noise_shaper: NoiseShaper | None = None, *,
-                    check_sensitivity: bool = True,
+                    noise: torch.Generator | None = None,
                     collective: Collective | None = None) -> Release:
     """Return the noisy mean gradient and extra queries of one logical step.
+
+    ``noise`` is the run's noise stream: the release is the only code given it (the method's
+    hooks see the ``StepContext``, which holds no generator); ``plan`` the run's step plan
+    (``privacy.plan.StepPlan``: the gradient query's noise std).
 
     ``noise_shaper`` (the method's, e.g. BandMF's C^{-1} recursion) maps the step's i.i.d.
     gradient noise to the noise released; None releases it as drawn (DP-SGD).
@@ -149,8 +159,7 @@ def private_release(method: DPMethod, engine: Engine, task: Task, batch,
     and adds the noise, and every rank receives rank 0's release.
     """
     collective = collective or Collective()
-    agg = clipped_aggregate(method, engine, task, batch, ctx, sigma, max_physical,
-                            check_sensitivity=check_sensitivity)
+    agg = clipped_aggregate(method, engine, task, batch, ctx, plan, max_physical)
     sums, extra_sums, extra_specs, queries = agg.sums, agg.extra_sums, agg.extra_specs, agg.queries
     device = sums[0].device
     noisy_extras = {name: torch.as_tensor(extra_sums.get(name, 0.0), device=device,
@@ -161,14 +170,14 @@ def private_release(method: DPMethod, engine: Engine, task: Task, batch,
     if collective.is_main:  # the noise is added once per step, from the run's noise stream
         grad_std = queries[0].noise_std
         noises = [torch.normal(0.0, grad_std, size=s.shape, device=s.device,
-                               generator=ctx.generator) for s in sums]
+                               generator=noise) for s in sums]
         if noise_shaper is not None:
             noises = noise_shaper(noises)
-        released = [(s + noise).div_(ctx.expected_batch_size) for s, noise in zip(sums, noises)]
+        released = [(s + z).div_(plan.expected_batch_size) for s, z in zip(sums, noises)]
         for name, value in noisy_extras.items():
-            noise = torch.normal(0.0, extra_specs[name].noise_std, size=(),
-                                 device=value.device, generator=ctx.generator)
-            noisy_extras[name] = value + noise
+            z = torch.normal(0.0, extra_specs[name].noise_std, size=(),
+                             device=value.device, generator=noise)
+            noisy_extras[name] = value + z
     collective.from_main_([*released, *(noisy_extras[k] for k in shared)])  # rank 0's release
     # the diagnostics of every rank's kept examples (not privatised, as in one process)
     norms, factors = collective.cat(agg.norms, device), collective.cat(agg.factors, device)

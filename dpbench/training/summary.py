@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpbench.privacy.events import run_event, to_json
 from dpbench.privacy.gap import gap_record
 
 #: what results.json says about ``unprivatised_diagnostics`` (see docs/privacy-unit-and-streams.md)
@@ -48,6 +49,17 @@ def unprivatised_diagnostics(trainer: Any) -> dict[str, Any]:
     return out
 
 
+def mechanism_record(trainer: Any) -> dict[str, Any]:
+    """Return results.json's ``mechanism``: how examples were sampled and the run's release as
+    a serialised dp-accounting ``DpEvent`` (privacy/events.py), re-accounted by
+    ``privacy.verify.event_epsilon``."""
+    plan = trainer.step_plan
+    return {"sampling": plan.sampling, "bands": plan.bands,
+            "neighbouring": trainer.plan.sampling.neighbouring,
+            "gradient_noise_multiplier": plan.gradient_noise_multiplier,
+            "event": to_json(run_event(trainer.ledger.to_json(), plan.private, plan.sampling))}
+
+
 def run_summary(trainer: Any) -> dict[str, Any]:
     """Return the run's privacy facts, final metrics and history (results.json's fields)."""
     plan = trainer.plan
@@ -81,6 +93,7 @@ def run_summary(trainer: Any) -> dict[str, Any]:
         "step_history": trainer.step_history,
         "unprivatised_diagnostics": unprivatised_diagnostics(trainer),
         "privacy_ledger": trainer.ledger.to_json(),
+        "mechanism": mechanism_record(trainer),
         "method_summary": trainer.method.summary(),
         "wall_time_s": trainer.wall_time_s,
         # how it ran: K processes (one mask, noise once: distributed.py), the forward's

@@ -24,8 +24,8 @@ from dpbench.analysis.claims import (
     superiority_verdict,
     threshold_verdict,
 )
-from dpbench.analysis.reproduce import PAPERS, load_spec, paper_claims
 from dpbench.analysis.stats import sd_upper_bound, seeds_for_power
+from dpbench.runners.reproduce import PAPERS, load_spec, paper_claims
 
 
 def _spread(mean: float, half_width: float, n: int) -> list[float]:
@@ -318,7 +318,7 @@ def test_reproduction_specs_are_complete(paper):
 def test_reproduce_shares_its_parallelism_with_every_sweep(tmp_path):
     """--jobs reaches both kinds of sweep: tuned cells (dpbench-tune --jobs) and plain sweeps
     (the joblib launcher); the default is one job per core at cpu scale, one at paper scale."""
-    from dpbench.analysis.reproduce import default_jobs, parse_args, sweep_commands
+    from dpbench.runners.reproduce import default_jobs, parse_args, sweep_commands
     from dpbench.utils.threads import available_cores
 
     args = parse_args(["fiber", "bounded_adaclip", "--jobs", "2", "--out", str(tmp_path)])
@@ -335,7 +335,7 @@ def test_reproduce_shares_its_parallelism_with_every_sweep(tmp_path):
 
 
 def test_claim_seeds_raise_only_that_claims_sweeps(tmp_path):
-    from dpbench.analysis.reproduce import parse_args, sweep_commands
+    from dpbench.runners.reproduce import parse_args, sweep_commands
 
     args = parse_args(["fiber", "--claim-seeds", "fiber_ablation_none=8", "--out",
                        str(tmp_path)])

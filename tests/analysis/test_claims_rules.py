@@ -8,10 +8,10 @@ import math
 
 import numpy as np
 import pytest
+from dpbench.analysis.reproduce import paper_claims
 from scipy import stats
 
 from dpbench.analysis.claims import adjust, claims_markdown, evaluate_claim
-from dpbench.analysis.reproduce import paper_claims
 
 
 def _spread(mean: float, half_width: float, n: int) -> list[float]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dpbench.analysis.overhead import StepTimer
 from dpbench.experiment import build_trainer
+from dpbench.runners.overhead import StepTimer
 from tests.conftest import compose_config
 
 

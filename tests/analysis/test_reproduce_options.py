@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from dpbench.analysis.reproduce import main, parse_args
+from dpbench.runners.reproduce import main, parse_args
 
 
 @pytest.mark.parametrize("seeds", ["abc", "0,0", "1,-2", "", "0,,1"])

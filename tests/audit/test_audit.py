@@ -43,6 +43,7 @@ def test_audit_detects_a_broken_mechanism(broken):
     record = run_audit(cfg)
     assert record["epsilon_claimed"] == pytest.approx(1.0, rel=0.02)
     assert record["epsilon_lower"] > record["epsilon_claimed"]
+    assert f"break_mechanism={broken}" in record["broken_on_purpose"]  # marked in the record
 
 
 def test_audit_honest_twin_of_the_broken_run_stays_below(tmp_path):
@@ -51,6 +52,7 @@ def test_audit_honest_twin_of_the_broken_run_stays_below(tmp_path):
                        "audit.guesses_excluded=0")
     record = run_audit(cfg)
     assert record["epsilon_lower"] <= record["epsilon_claimed"]
+    assert "broken_on_purpose" not in record
 
 
 def test_audit_cli_writes_results_and_prints_the_row(tmp_path, monkeypatch, capfd):
@@ -84,8 +86,9 @@ def test_report_lists_epsilon_lower_next_to_the_claim(tmp_path):
     assert "epsilon_lower" in markdown and "| dpsgd" in markdown
 
 
-def test_the_broken_mechanism_switches_the_check_by_option_not_by_patching():
-    """The audit turns the sensitivity check off through Trainer(check_sensitivity=False)."""
+def test_the_broken_mechanism_keeps_the_check_on_and_patches_nothing():
+    """The loop has no switch for its sensitivity check: the audit's broken clipping lies to
+    it from the audit's own engine wrapper, marked as such (nothing patched at run time)."""
     import inspect
     import sys
 
@@ -106,8 +109,8 @@ def test_the_broken_mechanism_switches_the_check_by_option_not_by_patching():
                            f"audit.break_mechanism={broken}")
         trainer = build_trainer(cfg, None,
                                 make_trainer=canaries.CanaryRun(audit_settings(cfg)))
-        assert trainer.check_sensitivity is checked
-        assert trainer.method.clip_factors.__self__ is trainer.method  # no lambda patched in
+        assert trainer.engine.unclipped is not checked  # the audit's wrapper, tests only
+        assert trainer.method.clip_factors.__self__ is trainer.method.mechanism  # no lambda
         assert step._check_bound is saved
         after = namespaces()  # nothing already loaded was replaced (new imports may add)
         assert {k: v for k, v in after.items() if k in before and v is not before[k]} == {}

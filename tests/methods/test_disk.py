@@ -13,7 +13,7 @@ from dpbench.methods.disk import DiSK
 from dpbench.methods.dpadamw import DPAdamW
 from dpbench.tasks.classification import Classification
 from dpbench.training.engine.choice import build_engine
-from dpbench.training.step import private_release
+from dpbench.training.step import plan_at, private_release
 from tests.methods._helpers import ctx, info, params_like, released_stream, run_post_release, set_up
 from tests.numerics import assert_matches_reference
 
@@ -76,7 +76,8 @@ def test_release_combines_the_two_points_per_example_before_clipping():
     disk.update([torch.randn_like(p) for p in params], ctx())  # moves theta: d != 0
     c = ctx(step=1)
     c.clip_norm = 0.05  # clips every example: clipping the sum would differ
-    release = private_release(disk, engine, task, (x, y), c, sigma=0.0, max_physical=None)
+    release = private_release(disk, engine, task, (x, y), c,
+                              plan_at(disk, 0.0, c.expected_batch_size), max_physical=None)
     a, gamma = disk.mechanism.lookahead_weight, 0.5
     d = [p.detach() - prev for p, prev in zip(params, disk.mechanism.previous_params)]
     expected = [torch.zeros_like(p, dtype=torch.float64) for p in params]  # float64 reference

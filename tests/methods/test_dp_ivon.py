@@ -35,7 +35,7 @@ def _method(noise_std: float, **settings):
     method.setup([param], info)
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=1.0,
                       expected_batch_size=10, sample_rate=0.1, dataset_size=100,
-                      total_steps=1, generator=torch.Generator().manual_seed(0),
+                      total_steps=1,
                       noise_std=noise_std)
     return method, ctx
 

@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from dpbench.privacy.verify import ledger_noise_multiplier, pld_epsilon
+from dpbench.privacy.events import from_json, run_event, to_json
+from dpbench.privacy.verify import (
+    event_epsilon,
+    event_pld_epsilon,
+    ledger_noise_multiplier,
+    pld_epsilon,
+)
 from tests.conftest import compose_config, run_config
 from tests.method_matrix import is_private, method_mode_params, method_overrides
 
@@ -36,9 +42,29 @@ def check_ledger(summary: dict) -> float:
     return eps_pld
 
 
+def check_event(summary: dict, cyclic: bool = False) -> None:
+    """Assert epsilon re-derived from results.json's DpEvent alone equals the reported one."""
+    mechanism = summary["mechanism"]
+    event = from_json(mechanism["event"])
+    assert to_json(event) == mechanism["event"]  # the JSON form parses back to the same event
+    assert event == run_event(summary["privacy_ledger"], summary["private"],
+                              mechanism["sampling"])
+    assert mechanism["bands"] == summary["participation_bands"]
+    assert mechanism["sampling"] == ("cyclic_poisson" if cyclic else "poisson")
+    eps = event_epsilon(mechanism["event"], summary["delta"], summary["accountant"] or "pld")
+    if math.isinf(summary["epsilon"]):
+        assert math.isinf(eps)
+        return
+    assert eps == pytest.approx(summary["epsilon"], rel=1e-12, abs=1e-12)
+    # dp-accounting's generic PLD accountant on the same event: a second path
+    assert event_pld_epsilon(mechanism["event"], summary["delta"]) == pytest.approx(
+        pld_epsilon(summary["privacy_ledger"], summary["delta"]), rel=1e-9)
+
+
 @pytest.mark.parametrize("name,mode", method_mode_params())
 def test_reported_epsilon_matches_independent_pld(name, mode, tmp_path):
     summary = run_config(compose_config(*method_overrides(name, mode)), tmp_path)
+    check_event(summary, cyclic=name == "bandmf")
     if not is_private(name):
         assert math.isinf(summary["epsilon"]) and summary["privacy_ledger"] == []
         return
@@ -63,3 +89,20 @@ def test_ledger_check_catches_an_understated_noise(tmp_path):
         q["noise_std"] *= 0.5  # what was really released: half the noise
     with pytest.raises(AssertionError):
         check_ledger(summary)
+
+
+@pytest.mark.parametrize("sampler,accountant", [("shuffle", "pld"), ("fixed_size", "rdp")])
+def test_a_non_poisson_runs_event_alone_gives_its_reported_epsilon(sampler, accountant,
+                                                                     tmp_path):
+    summary = run_config(compose_config(
+        "method=dpsgd", f"trainer.sampler={sampler}", f"privacy.accountant={accountant}",
+        "trainer.epochs=2", "trainer.checkpoint=false"), tmp_path)
+    mechanism = summary["mechanism"]
+    assert mechanism["sampling"] == sampler and mechanism["neighbouring"] == "replace_one"
+    event = from_json(mechanism["event"])
+    assert to_json(event) == mechanism["event"]
+    assert event == run_event(summary["privacy_ledger"], True, sampler)
+    eps = event_epsilon(mechanism["event"], summary["delta"], accountant)
+    assert eps == pytest.approx(summary["epsilon"], rel=1e-9)
+    # the Poisson reading of the same noise is smaller: the event is not a Poisson event
+    assert summary["epsilon_if_poisson"] < eps

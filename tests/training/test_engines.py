@@ -14,7 +14,7 @@ from dpbench.methods.base import StepContext
 from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
 from dpbench.training.engine.choice import build_engine, choose_grad_sample_mode
-from dpbench.training.step import clipped_aggregate
+from dpbench.training.step import clipped_aggregate, plan_at
 from tests.conftest import compose_config
 from tests.method_matrix import TINY
 from tests.numerics import assert_matches_reference, float64_batch, float64_copy
@@ -100,7 +100,7 @@ def test_bk_feeds_the_diffusion_gradient_diagnostics_exactly():
                           total_steps=1)
         torch.manual_seed(1)  # the task's per-example draws
         clipped_aggregate(method, engine, task, float64_batch(batch) if mode == "hooks" else batch,
-                          ctx, 1.0, None)
+                          ctx, plan_at(method, 1.0, b), None)
         seen[mode] = {key: torch.cat(v) for key, v in task._diag.items()}
     for key in ("g_cond", "g_rest", "g_total"):
         assert_matches_reference(seen["bk"][key], seen["hooks"][key].double(),

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from dpbench.methods.base import StepContext
 from dpbench.methods.dpsgd import DPSGD
-from dpbench.training.step import SENSITIVITY_SLACK, clipped_aggregate
+from dpbench.training.step import SENSITIVITY_SLACK, clipped_aggregate, plan_at
 from tests.numerics import assert_matches_reference, tolerance
 from tests.training import engine_grid as grid
 
@@ -82,10 +82,11 @@ def _assert_neighbours(case: grid.Case, run: grid.Run) -> None:
                       expected_batch_size=float(n), sample_rate=0.5, dataset_size=2 * n,
                       total_steps=1)
     method, engine = DPSGD(), run.engine_obj
-    full = clipped_aggregate(method, engine, _Task(), (x, r), ctx, 1.0, None).sums
+    plan = plan_at(method, 1.0, float(n))
+    full = clipped_aggregate(method, engine, _Task(), (x, r), ctx, plan, None).sums
     for drop in range(n):
         keep = torch.tensor([i for i in range(n) if i != drop], dtype=torch.long)
-        part = clipped_aggregate(method, engine, _Task(), (x[keep], r[keep]), ctx, 1.0,
+        part = clipped_aggregate(method, engine, _Task(), (x[keep], r[keep]), ctx, plan,
                                  None).sums
         moved = torch.sqrt(sum(((a - b).double().pow(2).sum() for a, b in zip(full, part)),
                                torch.zeros((), dtype=torch.float64)))

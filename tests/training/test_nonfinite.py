@@ -13,7 +13,7 @@ from dpbench.methods.base import StepContext
 from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
 from dpbench.training.engine.choice import build_engine
-from dpbench.training.step import private_release
+from dpbench.training.step import plan_at, private_release
 from tests.conftest import compose_config
 
 RUN = ("model.hidden=16", "trainer.batch_size=64", "trainer.epochs=2")
@@ -37,7 +37,7 @@ def _release(method_name: str, mode: str, batch, seed: int = 5):
     method = get_method(method_name)(optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=0.5,
                       expected_batch_size=24.0, sample_rate=0.1, dataset_size=240,
-                      total_steps=10, generator=torch.Generator().manual_seed(seed))
+                      total_steps=10)
     if method_name == "adaclip":
         from dpbench.methods.base import RunInfo
 
@@ -45,8 +45,10 @@ def _release(method_name: str, mode: str, batch, seed: int = 5):
             dataset_size=240, expected_batch_size=24.0, sample_rate=0.1, total_steps=10,
             noise_multiplier=1.0, clip_norm=0.5, private=True, task="classification",
             device=torch.device("cpu")))
-        ctx.noise_std = 0.5 * method.gradient_noise_multiplier(1.0) / 24.0
-    return private_release(method, engine, get_task("classification")(), batch, ctx, 1.0, None)
+    plan = plan_at(method, 1.0, 24.0)
+    ctx.noise_std = plan.released_noise_std(method.sensitivity(ctx))
+    return private_release(method, engine, get_task("classification")(), batch, ctx, plan, None,
+                           noise=torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize("mode", ["hooks", "ghost"])

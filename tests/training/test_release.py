@@ -7,12 +7,12 @@ import torch
 
 from dpbench.errors import PrivacyError
 from dpbench.methods import get_method
-from dpbench.methods.base import DPMethod, StepContext
+from dpbench.methods.base import DPMethod, Mechanism, StepContext
 from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
 from dpbench.training.engine.choice import build_engine
 from dpbench.training.engine.materialised import flat_norms
-from dpbench.training.step import private_release
+from dpbench.training.step import plan_at, private_release
 
 
 def _setup(mode="hooks", model="mlp", shape=(1, 8, 8), seed=0):
@@ -24,10 +24,18 @@ def _setup(mode="hooks", model="mlp", shape=(1, 8, 8), seed=0):
     return net, engine, (x, y)
 
 
-def _ctx(sigma=1.0, clip=0.5, batch=24.0, seed=0):
+def _ctx(sigma=1.0, clip=0.5, batch=24.0):
     return StepContext(step=0, epoch=0, private=True, noise_multiplier=sigma, clip_norm=clip,
                        expected_batch_size=batch, sample_rate=0.1, dataset_size=240,
-                       total_steps=1, generator=torch.Generator().manual_seed(seed))
+                       total_steps=1)
+
+
+def _release(method, engine, task, batch, sigma=1.0, clip=0.5, b=24.0, seed=0,
+             max_physical=None):
+    """The release of ``batch`` at (sigma, C, B), its noise from a stream seeded ``seed``."""
+    return private_release(method, engine, task, batch, _ctx(sigma, clip, b),
+                           plan_at(method, sigma, b), max_physical,
+                           noise=torch.Generator().manual_seed(seed))
 
 
 def _method(name="dpsgd") -> DPMethod:
@@ -50,8 +58,8 @@ def test_noise_std_is_sigma_c_over_b():
     net, engine, batch = _setup(model="cnn2", shape=(1, 28, 28))
     task, method = get_task("classification")(), _method()
     sigma, clip, b = 1.7, 0.5, 24.0
-    noisy = private_release(method, engine, task, batch, _ctx(sigma, clip, b, seed=1), sigma, None)
-    clean = private_release(method, engine, task, batch, _ctx(sigma, clip, b), 0.0, None)
+    noisy = _release(method, engine, task, batch, sigma, clip, b, seed=1)
+    clean = _release(method, engine, task, batch, 0.0, clip, b)
     diff = torch.cat([(a - c).flatten() for a, c in zip(noisy.grads, clean.grads)])
     assert diff.numel() > 20000
     assert float(diff.std()) == pytest.approx(sigma * clip / b, rel=0.02)
@@ -60,15 +68,17 @@ def test_noise_std_is_sigma_c_over_b():
 
 
 def test_lying_method_is_refused():
-    class NoClip(DPMethod):
-        name = "noclip_test"
-
+    class NoClipping(Mechanism):
         def clip_factors(self, norms, ctx):
             return torch.ones_like(norms)
 
+    class NoClip(DPMethod):
+        name = "noclip_test"
+        mechanism_cls = NoClipping
+
     net, engine, batch = _setup()
     with pytest.raises(PrivacyError, match="sensitivity"):
-        private_release(NoClip(), engine, get_task("classification")(), batch, _ctx(), 1.0, None)
+        _release(NoClip(), engine, get_task("classification")(), batch)
 
 
 @pytest.mark.parametrize("mode", ["functorch", "ghost"])
@@ -76,8 +86,8 @@ def test_modes_release_the_same_as_hooks(mode):
     task, method = get_task("classification")(), _method()
     _, hooks, batch = _setup("hooks")
     _, other, _ = _setup(mode)
-    ref = private_release(method, hooks, task, batch, _ctx(seed=3), 1.0, None)
-    got = private_release(method, other, task, batch, _ctx(seed=3), 1.0, None)
+    ref = _release(method, hooks, task, batch, seed=3)
+    got = _release(method, other, task, batch, seed=3)
     for a, b in zip(ref.grads, got.grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
@@ -85,8 +95,8 @@ def test_modes_release_the_same_as_hooks(mode):
 def test_virtual_batches_release_the_same():
     task, method = get_task("classification")(), _method()
     _, engine, batch = _setup()
-    whole = private_release(method, engine, task, batch, _ctx(seed=4), 1.0, None)
-    chunked = private_release(method, engine, task, batch, _ctx(seed=4), 1.0, 7)
+    whole = _release(method, engine, task, batch, seed=4)
+    chunked = _release(method, engine, task, batch, seed=4, max_physical=7)
     for a, b in zip(whole.grads, chunked.grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
@@ -94,7 +104,7 @@ def test_virtual_batches_release_the_same():
 def test_empty_batch_releases_noise_only():
     task, method = get_task("classification")(), _method()
     _, engine, (x, y) = _setup()
-    rel = private_release(method, engine, task, (x[:0], y[:0]), _ctx(2.0, 0.5, 24.0), 2.0, None)
+    rel = _release(method, engine, task, (x[:0], y[:0]), 2.0, 0.5, 24.0)
     flat = torch.cat([g.flatten() for g in rel.grads])
     assert rel.realised_batch == 0
     assert float(flat.std()) == pytest.approx(2.0 * 0.5 / 24.0, rel=0.1)
@@ -109,6 +119,6 @@ def test_clipped_fraction_counts_examples_scaled_to_the_bound(normalize):
     _, engine, batch = _setup()
     norms = flat_norms(engine.per_example(task.per_example_loss, batch)[0])
     for clip in (float(norms.min()) / 2, float(norms.median()), float(norms.max()) * 2):
-        rel = private_release(method, engine, task, batch, _ctx(clip=clip), 1.0, None)
+        rel = _release(method, engine, task, batch, clip=clip)
         expected = float((norms >= clip * (1 - 1e-4)).float().mean())  # at the bound = cut
         assert rel.clipped_fraction == pytest.approx(expected, abs=1e-6)

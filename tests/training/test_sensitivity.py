@@ -63,11 +63,10 @@ def _aggregate(trainer, examples, generator_state):
             generator.manual_seed(1234)
     torch.manual_seed(1234)
     ctx = trainer._context()
-    ctx.noise_std = (trainer.method.gradient_noise_multiplier(trainer.plan.noise_multiplier)
-                     * trainer.method.sensitivity(ctx) / trainer.plan.expected_batch_size)
+    ctx.noise_std = trainer.step_plan.released_noise_std(trainer.method.sensitivity(ctx))
     batch = default_collate(examples)
     return clipped_aggregate(trainer.method, trainer.engine, trainer.task, batch, ctx,
-                             trainer.plan.noise_multiplier, None), ctx
+                             trainer.step_plan, None), ctx
 
 
 def _distance(a, b) -> float:

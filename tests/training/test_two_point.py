@@ -27,7 +27,7 @@ from dpbench.training.engine.choice import (
     build_verified_engine,
     choose_grad_sample_mode,
 )
-from dpbench.training.step import clipped_aggregate
+from dpbench.training.step import clipped_aggregate, plan_at
 from dpbench.utils.tensors import parameters_at
 from tests.engines import ONE_POINT
 from tests.numerics import assert_matches_reference
@@ -117,7 +117,8 @@ def _aggregate(method_name: str, model: nn.Module, mode: str, batch, clip: float
     engine = (BookKeepingEngine(model) if mode == "bk"
               else build_engine(model, mode))
     try:
-        return clipped_aggregate(method, engine, _Task(), batch, ctx, 1.0, None)
+        return clipped_aggregate(method, engine, _Task(), batch, ctx,
+                                 plan_at(method, 1.0, ctx.expected_batch_size), None)
     finally:
         engine.close()
 
@@ -279,7 +280,8 @@ def _disk_aggregate(model, batch, max_physical=None):
     ctx = _context(len(batch[1]), 0.5)
     engine = BookKeepingEngine(model)
     try:
-        return clipped_aggregate(method, engine, _Task(), batch, ctx, 1.0, max_physical)
+        return clipped_aggregate(method, engine, _Task(), batch, ctx,
+                                 plan_at(method, 1.0, ctx.expected_batch_size), max_physical)
     finally:
         engine.close()
 

@@ -5,7 +5,7 @@ events, read with ``dpbench-bench``'s ``stopwatch``) and the method's own post-p
 (``denoise_seconds`` in its step metrics), so both see the same machine load. Steps followed
 by an evaluation are left out.
 
-    python -m dpbench.analysis.overhead experiment=spectral_sst2 privacy=eps8
+    python -m dpbench.runners.overhead experiment=spectral_sst2 privacy=eps8
 """
 
 from __future__ import annotations
