@@ -27,6 +27,7 @@ from hydra.experimental.callback import Callback as HydraCallback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from dpbench.config.hydra_guard import check_hydra_command
 from dpbench.config.schema import TrainerConfig, check_seed, register_schemas
 from dpbench.errors import ConfigError, DataError, DPBenchError
 from dpbench.logging.records import COMPLETED, RESULTS_NAME, failed_record, write_record
@@ -446,6 +447,10 @@ def main() -> None:
         _fail("torchrun trains one run across its processes, not a sweep: sweep with a "
               "launcher whose jobs have K tasks (hydra/launcher=submitit_slurm "
               "hydra.launcher.tasks_per_node=K; docs/distributed.md)")
+    try:  # what Hydra instantiates before the job runs (callbacks, logging factories)
+        check_hydra_command(sys.argv[1:], CONF_DIR, "config", __name__)
+    except ConfigError as err:
+        _fail(str(err))
     hydra_main()
 
 

@@ -19,12 +19,16 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from dpbench.audit.canaries import AuditSettings, CanaryRun
+from dpbench.config.hydra_guard import check_hydra_command
+from dpbench.config.schema import register_schemas
 from dpbench.errors import ConfigError, DPBenchError
 from dpbench.logging.records import COMPLETED, write_record
 from dpbench.logging.results import run_record
 from dpbench.utils.conf import CONF_DIR
 from dpbench.utils.io import remove_if_fresh
 from dpbench.utils.paths import check_path_values, check_run_dir
+
+register_schemas()  # the method schemas the configs name (as dpbench.cli does)
 
 HEADER = ("| method | dataset | epsilon_claimed | epsilon_lower | power | correct / guesses "
           "| canaries |")
@@ -125,6 +129,11 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console script ``dpbench-audit`` (and ``python -m dpbench.audit``)."""
+    try:  # what Hydra instantiates before the job runs (callbacks, logging factories)
+        check_hydra_command(sys.argv[1:], CONF_DIR, "audit", __name__)
+    except ConfigError as err:
+        print(f"dpbench-audit: error: {err}", file=sys.stderr)
+        sys.exit(2)
     hydra_main()
 
 
