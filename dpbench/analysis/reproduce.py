@@ -31,6 +31,7 @@ from dpbench.analysis.claims import adjust, claims_markdown, evaluate_claim
 from dpbench.analysis.results import load_frame, load_records
 from dpbench.analysis.tables import cell_table, markdown_table
 from dpbench.tune.choices import CHOICES_NAME
+from dpbench.utils.io import open_append
 
 log = logging.getLogger("dpbench.reproduce")
 SPEC_DIR = Path(__file__).resolve().parents[2] / "conf" / "reproduce"
@@ -134,7 +135,8 @@ def run_jobs(jobs: list[dict], dry_run: bool) -> None:
             continue
         print(" ".join(job["cmd"]))
         if not dry_run:
-            with open(job["folder"].with_suffix(".log"), "w") as logfile:
+            # a planted link in place of the log is refused, never followed
+            with open_append(job["folder"].with_suffix(".log"), truncate=True) as logfile:
                 subprocess.run(job["cmd"], stdout=logfile, stderr=subprocess.STDOUT,
                                check=False, env={**os.environ, "WANDB_MODE": "disabled"})
 
