@@ -316,3 +316,44 @@ def test_a_rank_with_other_settings_is_told_so(tmp_path):
                                           "0") as err:
         other.checkpoint.sync_from_main(other)
     assert "checkpoint" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_sigterm_to_torchrun_saves_the_checkpoint_and_the_run_resumes(tmp_path):
+    """torchrun's own exit code is 1 (its SignalException); the ranks stop at one step, rank
+    0 saves the checkpoint and prints the preempted line, and the run resumes to the end."""
+    import json
+    import time
+
+    run_dir = tmp_path / "run"
+    overrides = [*BASE, "model=mlp", "trainer.epochs=3", "trainer.batch_size=32",
+                 "trainer.num_threads=1", *QUIET_CLI]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node=2", "-m", "dpbench"]
+    env = {key: value for key, value in _env().items()
+           if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.Popen([*torchrun, *overrides, f"hydra.run.dir={run_dir}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=tmp_path)
+    try:
+        deadline = time.time() + 600
+        while not (run_dir / "checkpoint.pt").exists():  # the first epoch is done
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-2000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1  # torchrun's, documented in docs/distributed.md
+    preempted = [line for line in err.splitlines() if line.startswith("dpbench: preempted at")]
+    assert len(preempted) == 1, err[-3000:]
+    assert not [line for line in err.splitlines() if line.startswith("dpbench: error")]
+    assert json.loads((run_dir / "results.json").read_text())["status"] != "completed"
+    resumed = subprocess.run([*torchrun, *overrides, "trainer.resume=true",
+                              f"hydra.run.dir={run_dir}"], capture_output=True, text=True,
+                             timeout=900, env=env, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    record = json.loads((run_dir / "results.json").read_text())
+    assert record["status"] == "completed"
+    assert [c["when"] for c in record["engine_check"]["checks"]] == ["start", "resume"]
