@@ -275,6 +275,20 @@ def test_python_m_dpbench_imports_no_planted_entry_point(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("module", ["dpbench", "dpbench.audit"])
+def test_python_m_imports_nothing_from_the_start_folder(tmp_path, module):
+    """Hydra's plugin discovery imports every module of every ``hydra_plugins`` package on
+    sys.path; ``python -m`` must not make the current folder one of them."""
+    marker = tmp_path / "payload-ran"
+    (tmp_path / "hydra_plugins").mkdir()
+    (tmp_path / "hydra_plugins" / "planted.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\n")
+    proc = subprocess.run([sys.executable, "-m", module, *QUIET_CLI, "--cfg", "job"],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not marker.exists()
+
+
 @pytest.mark.slow
 def test_a_run_of_built_ins_imports_no_planted_entry_point(tmp_path):
     marker = tmp_path / "payload-ran"
