@@ -116,14 +116,16 @@ LOGGING_PAYLOADS = [
 ]
 
 
-@pytest.mark.parametrize("multirun", [False, True])
+@pytest.mark.parametrize("choose", [["experiment=shared"], ["-m", "experiment=null,shared"],
+                                    ["hydra.mode=MULTIRUN", "experiment=null,shared"]])
 @pytest.mark.parametrize(("payload", "key"), LOGGING_PAYLOADS)
 def test_a_logging_factory_in_a_shared_config_never_runs(tmp_path, monkeypatch, capfd,
-                                                         payload, key, multirun):
+                                                         payload, key, choose):
+    """Also when only the second job of a sweep (``-m`` or ``hydra.mode=MULTIRUN``) would
+    compose it: the launcher configures every job's logging again."""
     marker = tmp_path / "payload-ran"
     shared = _shared_experiment(tmp_path, payload.replace("MARKER", str(marker)))
     monkeypatch.chdir(tmp_path)
-    choose = ["-m", "experiment=null,shared"] if multirun else ["experiment=shared"]
     code, err = _main(monkeypatch, capfd, ["--config-dir", str(shared), *choose, *BASE,
                                            *QUIET_CLI])
     assert code == 2, err

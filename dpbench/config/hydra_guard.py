@@ -111,13 +111,11 @@ def _job_overrides(overrides: list[str]) -> Iterator[list[str]]:
             values.append([f"{override.get_key_element()}={v}" for v in options] or [])
         else:
             values.append([override.input_line])
-    firsts = [v[0] for v in values if v]
+    yield [v[0] for v in values if v]
     for i, options in enumerate(values):
-        if len(options) > 1:
-            for option in options:
-                yield [*(v[0] for v in values[:i] if v), option,
-                       *(v[0] for v in values[i + 1:] if v)]
-    yield firsts
+        for option in options[1:]:
+            yield [*(v[0] for v in values[:i] if v), option,
+                   *(v[0] for v in values[i + 1:] if v)]
 
 
 def check_hydra_command(argv: Sequence[str], config_dir: str, config_name: str,
@@ -155,14 +153,14 @@ def check_hydra_command(argv: Sequence[str], config_dir: str, config_name: str,
         return
     try:
         overrides = list(args.overrides)
-        try:
-            multirun = bool(args.multirun) or hydra.get_mode(
-                config_name=config_name, overrides=overrides) == RunMode.MULTIRUN
-            mode = RunMode.MULTIRUN if multirun else RunMode.RUN
-            cfg = hydra.compose_config(config_name, overrides, run_mode=mode)
+        try:  # one composition gives the run mode too (as Hydra's get_mode composes); a
+            # single run's hydra node equals it, a sweep's master config is it
+            cfg = hydra.compose_config(config_name, overrides, run_mode=RunMode.MULTIRUN,
+                                       validate_sweep_overrides=False)
         except Exception:  # noqa: BLE001 - composition errors: hydra.main reports them
             return
         check_hydra_node(cfg)
+        multirun = bool(args.multirun) or OmegaConf.select(cfg, "hydra.mode") == RunMode.MULTIRUN
         if not multirun:
             return
         params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
