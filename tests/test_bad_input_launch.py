@@ -164,6 +164,20 @@ def test_the_package_configs_pass_the_guard(args):
                         "dpbench.audit.cli")
 
 
+@pytest.mark.parametrize(("override", "key"), [
+    # Hydra's file log: a FileHandler (dpbench writes run.log itself)
+    ("hydra/job_logging=default", "hydra.job_logging.handlers.file.class='logging.FileHandler'"),
+    # a class known only when the run starts is checked as written, and refused
+    ("+hydra.job_logging.handlers.x.class=${oc.env:DPBENCH_TEST_UNSET_NAME}",
+     "hydra.job_logging.handlers.x.class='${oc.env:DPBENCH_TEST_UNSET_NAME}'"),
+])
+def test_logging_values_known_only_later_are_checked_as_written(monkeypatch, override, key):
+    monkeypatch.delenv("DPBENCH_TEST_UNSET_NAME", raising=False)
+    with pytest.raises(ConfigError) as err:
+        check_hydra_command([override], CONF_DIR, "config", "dpbench.cli")
+    assert str(err.value).startswith(key)
+
+
 def test_logging_config_rules():
     ok = {"version": 1, "formatters": {"f": {"format": "%(message)s"}},
           "handlers": {"c": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr"},

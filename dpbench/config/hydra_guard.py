@@ -83,9 +83,10 @@ def _resolved(cfg: DictConfig, key: str) -> Any:
         return node
     try:
         return OmegaConf.to_container(node, resolve=True)
-    except Exception as err:  # noqa: BLE001 - an unresolvable value is refused, not skipped
-        raise ConfigError(f"{key} cannot be resolved before the run starts ({err}); it may "
-                          "not depend on values known only later") from None
+    except Exception:  # noqa: BLE001 - e.g. ${hydra.runtime.output_dir}, known only later
+        # checked as written: an interpolation where a factory, class or ext:// name is
+        # expected is then not an allowed name, so it is refused
+        return OmegaConf.to_container(node, resolve=False)
 
 
 def check_hydra_node(cfg: DictConfig) -> None:
