@@ -148,6 +148,19 @@ def test_a_shared_config_with_a_callback_is_refused(tmp_path, monkeypatch, capfd
     assert not (tmp_path / "outputs").exists()
 
 
+def test_hydra_output_subdir_is_refused(tmp_path, monkeypatch, capfd):
+    run_dir, victim = tmp_path / "run", tmp_path / "victim.txt"
+    (run_dir / ".hydra").mkdir(parents=True)
+    victim.write_text("keep me\n")
+    (run_dir / ".hydra" / "config.yaml").symlink_to(victim)
+    monkeypatch.chdir(tmp_path)
+    code, err = _main(monkeypatch, capfd, [*BASE, *QUIET_CLI, "hydra.output_subdir=.hydra",
+                                           f"hydra.run.dir={run_dir}"])
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("dpbench: error: hydra.output_subdir='.hydra' is refused")
+    assert victim.read_text() == "keep me\n"
+
+
 def test_experimental_rerun_is_refused(tmp_path, monkeypatch, capfd):
     pickled = tmp_path / "config.pickle"
     pickled.write_bytes(b"not read")

@@ -16,6 +16,8 @@ ConfigError naming the key of the first value that is not allowed
   ``logging.NullHandler`` (a file handler could write or truncate any file the user can:
   dpbench writes ``run.log`` itself); a formatter's ``class`` must be ``logging.Formatter``;
   an ``ext://`` value may name only ``sys.stdout`` or ``sys.stderr``;
+- ``hydra.output_subdir`` must stay null (Hydra would write its config files there before
+  dpbench validates anything, following planted links);
 - ``--experimental-rerun`` (which unpickles a file) is refused.
 
 A configuration that does not compose is left to ``hydra.main`` to report.
@@ -92,6 +94,10 @@ def _resolved(cfg: DictConfig, key: str) -> Any:
 def check_hydra_node(cfg: DictConfig) -> None:
     """Raise ConfigError for a callback or logging value of ``cfg.hydra`` that is refused."""
     check_targets(_resolved(cfg, "hydra.callbacks"), "hydra.callbacks")
+    subdir = OmegaConf.select(cfg, "hydra.output_subdir")
+    if subdir is not None:  # Hydra writes there with open(): before validation, through links
+        raise ConfigError(f"hydra.output_subdir={subdir!r} is refused: dpbench writes the run's "
+                          "config.yaml itself once its settings are valid (keep it null)")
     for key in LOGGING_KEYS:
         check_logging_config(_resolved(cfg, key), key)
 
