@@ -26,7 +26,7 @@ from hydra.experimental.callback import Callback as HydraCallback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.config.entry import hydra_entry
+from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.config.schema import TrainerConfig, check_seed
 from dpbench.errors import ConfigError, DataError, DPBenchError
 from dpbench.logging.records import COMPLETED, RESULTS_NAME, failed_record, write_record
@@ -42,6 +42,7 @@ from dpbench.tune.choices import apply_tuned
 from dpbench.utils.io import (
     atomic_write_bytes,
     make_dirs,
+    open_append,
     record_created,
     remove_created,
     take_created,
@@ -185,12 +186,13 @@ def _completed_record(cfg: DictConfig, results: Path) -> dict | None:
 
     Raise ConfigError if another config wrote it (resuming would hand back its results).
     """
-    import json
-
     from dpbench.errors import ConfigError
     from dpbench.experiment import fingerprint
+    from dpbench.utils.safe_json import read_json
 
-    record = json.loads(results.read_text())
+    record = read_json(results)  # a regular file of bounded size (a FIFO never blocks)
+    if not isinstance(record, dict):
+        raise ConfigError(f"{results} is not a run record; move it away to start afresh")
     if record.get("status") != COMPLETED:
         return None
     if fingerprint(OmegaConf.create(record.get("config") or {})) != fingerprint(cfg):
@@ -352,7 +354,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo,
     had_config = config_path.exists()
     try:
         atomic_write_bytes(config_path, OmegaConf.to_yaml(cfg, resolve=True).encode())
-        handler = logging.FileHandler(run_dir / "run.log")
+        handler = logging.StreamHandler(open_append(run_dir / "run.log"))  # no link followed
     except OSError as err:  # read-only or full output folder: nothing trained yet
         _print_error(_os_error(err, run_dir, "cannot write "))
         if not had_config:
@@ -395,6 +397,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo,
         watch.release()
         logging.getLogger().removeHandler(handler)
         handler.close()
+        handler.stream.close()
     eps = result["epsilon"]
     acc = result["metrics"].get("accuracy")
     print(f"dpbench: {cfg.method.name} on {cfg.dataset.name}/{cfg.model.name}: "
@@ -443,6 +446,7 @@ def main() -> None:
         _fail("torchrun trains one run across its processes, not a sweep: sweep with a "
               "launcher whose jobs have K tasks (hydra/launcher=submitit_slurm "
               "hydra.launcher.tasks_per_node=K; docs/distributed.md)")
+    check_command_line("config", "dpbench", __name__)
     hydra_main()
 
 

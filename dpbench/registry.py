@@ -2,7 +2,8 @@
 
 Modelled on Opacus's ``register_grad_sampler`` / ``create_accountant``: a dict, a decorator that
 refuses duplicate names, and a lookup whose error lists the known names. Outside packages add
-entries through an entry-point group (for methods: ``dpbench.methods``), loaded on first lookup.
+entries through an entry-point group (for methods: ``dpbench.methods``), loaded on the first
+lookup of a name that is not built in.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Registry(Generic[T]):
         #: keys of the group the framework reads itself (dropped unless the builder takes them)
         self.framework_keys = frozenset(framework_keys)
         self._entries: dict[str, T] = {}
-        self._plugins_loaded = False
+        self._builtins_loaded = self._plugins_loaded = False
 
     def register(self, name: str, settings_from: Callable | None = None) -> Callable[[T], T]:
         """Return a decorator that registers its argument under ``name``.
@@ -121,20 +122,35 @@ class Registry(Generic[T]):
         if check is not None:
             check(settings)
 
-    def load_plugins(self) -> None:
-        """Import the built-in modules and every entry point of the group, once.
-
-        Built-ins are the modules of ``builtin_package`` (all but ``base`` and private ones);
-        they register through the decorator when imported.
-        """
-        if self._plugins_loaded:
+    def load_builtins(self) -> None:
+        """Import the built-in modules once: the modules of ``builtin_package`` (all but
+        ``base`` and private ones), which register through the decorator when imported."""
+        if self._builtins_loaded:
             return
-        self._plugins_loaded = True
+        self._builtins_loaded = True
         if self.builtin_package is not None:
             package = importlib.import_module(self.builtin_package)
             for info in pkgutil.iter_modules(package.__path__):
                 if info.name != "base" and not info.name.startswith("_"):
                     importlib.import_module(f"{self.builtin_package}.{info.name}")
+
+    def builtin_names(self) -> list[str]:
+        """Return the names registered without loading any entry point (the built-ins and
+        whatever was registered already)."""
+        self.load_builtins()
+        return sorted(self._entries)
+
+    def load_plugins(self) -> None:
+        """Import the built-in modules and every entry point of the group, once.
+
+        Entry points are imported only when a name is not built in (``get``) or every name is
+        listed: an entry point is code from whatever ``sys.path`` holds (``python -m`` puts
+        the current folder on it; docs/reliability-bad-input.md).
+        """
+        self.load_builtins()
+        if self._plugins_loaded:
+            return
+        self._plugins_loaded = True
         if self.entry_point_group is None:
             return
         for ep in entry_points(group=self.entry_point_group):
@@ -144,6 +160,8 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """Return the entry registered as ``name``; the error lists every known name."""
         if name not in self._entries:
+            self.load_builtins()
+        if name not in self._entries:  # not built in: an outside package's, by entry point
             self.load_plugins()
         if name not in self._entries:
             known = ", ".join(sorted(self.names())) or "(none)"

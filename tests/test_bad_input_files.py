@@ -68,7 +68,7 @@ def test_allowed_factories():
     (["privacy.delta=1e-300"], "privacy.delta=1e-300 is below 1e-12"),
     (["seed=../../x"], "seed must be an integer"),
     (["logger=wandb", "logger.project=../x"], "logger.project='../x' may not contain"),
-    (["trainer.num_threads=100000"], r"trainer.num_threads must be an integer in \[1, 1024\]"),
+    (["trainer.num_threads=100000"], r"trainer.num_threads must be an integer in \[1, \d+\]"),
 ])
 def test_bad_settings_name_their_key(tmp_path, monkeypatch, capfd, overrides, match):
     import re

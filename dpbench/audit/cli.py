@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from dpbench.audit.canaries import AuditSettings, CanaryRun
-from dpbench.config.entry import hydra_entry
+from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.errors import ConfigError, DPBenchError
 from dpbench.logging.records import COMPLETED, write_record
 from dpbench.logging.results import run_record
@@ -124,6 +124,7 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console script ``dpbench-audit`` (and ``python -m dpbench.audit``)."""
+    check_command_line("audit", "dpbench-audit", __name__)
     hydra_main()
 
 

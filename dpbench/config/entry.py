@@ -4,18 +4,23 @@ A composed config needs two registrations that live in code, not in ``conf/``: t
 schemas (``trainer/trainer_schema``, ``privacy/privacy_schema``, ``method/settings/<name>``)
 and the ``${path_component:...}`` resolver of the run-folder templates. Registering them as a
 side effect of importing some module made ``dpbench-audit`` fail from a fresh shell; here they
-are registered by the function that every entry point calls before Hydra composes.
+are registered by the function that every entry point calls before Hydra composes. Each
+console script's ``main`` also calls ``check_command_line``: Hydra instantiates callbacks and
+logging factories before the task runs, so they are checked against the allow-list first.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import hydra
 from omegaconf import DictConfig
 
+from dpbench.config.hydra_guard import check_hydra_command
 from dpbench.config.schema import register_schemas
+from dpbench.errors import ConfigError
 from dpbench.utils.conf import CONF_DIR
 from dpbench.utils.paths import register_path_resolver
 
@@ -24,6 +29,20 @@ def prepare_hydra() -> None:
     """Register the schemas and resolvers a dpbench config needs (idempotent)."""
     register_schemas()
     register_path_resolver()
+
+
+def check_command_line(config_name: str, program: str, calling_module: str) -> None:
+    """Refuse, before ``hydra.main`` runs anything, a command line whose composed config asks
+    Hydra to run code (``hydra_guard``): one line ``PROGRAM: error: ...``, exit 2.
+
+    Each console script's ``main`` calls it ahead of its ``hydra_entry`` function.
+    """
+    prepare_hydra()
+    try:
+        check_hydra_command(sys.argv[1:], CONF_DIR, config_name, calling_module)
+    except ConfigError as err:
+        print(f"{program}: error: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], None]], Callable[..., Any]]:

@@ -31,6 +31,16 @@ from dpbench.utils.ranges import (
 MIN_DELTA = 1e-12
 #: the most torch threads a run may ask for (more crashes native libraries at start-up)
 MAX_THREADS = 1024
+#: torch threads a run may ask for per CPU core it may use (more only oversubscribes, and
+#: hundreds of threads on a small machine end in a MemoryError before training)
+THREADS_PER_CORE = 4
+
+
+def max_threads() -> int:
+    """Return the largest ``trainer.num_threads`` on this machine."""
+    from dpbench.utils.threads import available_cores
+
+    return min(MAX_THREADS, THREADS_PER_CORE * available_cores())
 
 
 @dataclass
@@ -113,8 +123,13 @@ class TrainerConfig:
         if self.grad_sample_mode not in GRAD_SAMPLE_MODES:
             raise ConfigError(f"trainer.grad_sample_mode must be one of "
                               f"{', '.join(GRAD_SAMPLE_MODES)} (got {self.grad_sample_mode!r})")
-        in_range("trainer.num_threads", self.num_threads, 1, MAX_THREADS, integer=True,
-                 allow_none=True)
+        most = max_threads()
+        if self.num_threads is not None and (not isinstance(self.num_threads, int)
+                                             or isinstance(self.num_threads, bool)
+                                             or not 1 <= self.num_threads <= most):
+            raise ConfigError(f"trainer.num_threads must be an integer in [1, {most}] "
+                              f"({THREADS_PER_CORE} per available CPU core) or null "
+                              f"(got {self.num_threads!r})")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"trainer.device must be auto, cpu or cuda[:i] "
                               f"(got {self.device!r})")
@@ -215,5 +230,5 @@ def register_schemas() -> None:
     cs = ConfigStore.instance()
     cs.store(group="privacy", name="privacy_schema", node=PrivacyConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
-    for name in METHODS.names():
+    for name in METHODS.builtin_names():  # no entry point imported (plugins: method=plugin)
         cs.store(group="method/settings", name=name, node=METHODS.get(name).settings_cls)

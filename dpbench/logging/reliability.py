@@ -6,6 +6,7 @@ Reads the per-bin confidence/accuracy/count that the classification task reports
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dpbench.training.loop import Callback, Trainer
+from dpbench.utils.io import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 DIAGRAM_NAME = "reliability.png"
@@ -48,9 +50,10 @@ def plot_reliability(confidence: list[float], accuracy: list[float], count: list
     bottom.set_ylabel("share")
     bottom.set_xlim(0, 1)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())  # a planted link is replaced, not followed
     return path
 
 

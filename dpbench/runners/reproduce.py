@@ -39,6 +39,7 @@ from dpbench.analysis.results import load_frame, load_records
 from dpbench.analysis.tables import cell_table, markdown_table
 from dpbench.logging.records import COMPLETED, FAILED
 from dpbench.tune.choices import CHOICES_NAME
+from dpbench.utils.io import open_append
 from dpbench.utils.progress import Progress, minutes
 
 log = logging.getLogger("dpbench.reproduce")
@@ -162,7 +163,8 @@ def run_jobs(jobs: list[dict], dry_run: bool, progress: Progress | None = None,
         else:
             print(" ".join(job["cmd"]), flush=True)
             if not dry_run:
-                with open(job["folder"].with_suffix(".log"), "w") as logfile:
+                # a planted link in place of the log is refused, never followed
+                with open_append(job["folder"].with_suffix(".log"), truncate=True) as logfile:
                     subprocess.run(job["cmd"], stdout=logfile, stderr=subprocess.STDOUT,
                                    check=False, env={**os.environ, "WANDB_MODE": "disabled"})
         if progress is not None and not dry_run:

@@ -21,8 +21,11 @@ import torch
 
 from dpbench.errors import DPBenchError
 from dpbench.utils.io import atomic_write_bytes
+from dpbench.utils.safe_json import UnsafeFile, read_bytes
 
 CHECKPOINT_NAME = "checkpoint.pt"
+#: the largest checkpoint a run reads back (weights, optimiser state and RNG states)
+MAX_CHECKPOINT_BYTES = 16 * 2**30
 #: types a checkpoint may hold beyond PyTorch's weights-only defaults (tensors, containers)
 SAFE_GLOBALS: list[Any] = []
 _PLAIN = (torch.Tensor, torch.Size, int, float, str, bool, bytes, type(None))
@@ -100,11 +103,15 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
     path = Path(path)
     if not path.exists():
         return None
-    try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
-            state = torch.load(path, map_location="cpu", weights_only=True)
+    try:  # a regular file of bounded size: a FIFO or a device in its place never blocks
+        data = read_bytes(path, MAX_CHECKPOINT_BYTES)
+    except UnsafeFile as err:
+        raise CheckpointError(f"cannot resume from the checkpoint: {err}; move it away to "
+                              "start afresh") from None
     except PermissionError as err:
         raise CheckpointError(f"cannot read the checkpoint {path}: {err.strerror}") from None
+    try:
+        state = state_from_bytes(data)
     except Exception as err:  # noqa: BLE001 - torch raises many types on a damaged file
         refused = next((line.strip() for line in str(err).splitlines() if "GLOBAL" in line),
                        None)

@@ -107,6 +107,11 @@ class RunCheckpoint:
         received = state_from_main(trainer.collective, lambda: {
             "resumed": self.resumed, "state": run_state(trainer)})
         if received is not None:
+            if received["state"].get("fingerprint") != trainer.fingerprint:
+                raise ConfigError(
+                    "this rank composed another configuration than rank 0 (a setting differs "
+                    "between the ranks, e.g. one read from the environment); every rank must "
+                    "run the same settings")
             restore_run_state(trainer, received["state"])
             self.resumed = bool(received["resumed"])
 

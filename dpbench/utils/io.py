@@ -1,13 +1,20 @@
-"""Atomic file writes: write to a temporary file in the same folder, fsync, then rename."""
+"""Atomic file writes: write to a temporary file in the same folder, fsync, then rename.
+
+Files in a run folder may have been planted by someone with write access to it: a write never
+follows a symbolic link (``atomic_write_bytes`` replaces the link itself; ``open_append``
+refuses one), so it cannot reach a file outside the folder.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -25,6 +32,33 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def open_append(path: str | os.PathLike, truncate: bool = False) -> TextIO:
+    """Open ``path`` for appending text (created 0644 if missing; emptied first if
+    ``truncate``) without following a link.
+
+    A symbolic link (raised as ELOOP), a FIFO or a device in its place is refused with an
+    OSError naming the file: a log line never lands in a file outside the folder, and a FIFO
+    cannot block the run.
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+    if truncate:
+        flags |= os.O_TRUNC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP or os.path.islink(path):
+            raise OSError(errno.ELOOP, "a symbolic link, not followed (move it away)",
+                          str(path)) from None
+        if err.errno == errno.ENXIO:  # a FIFO without a reader
+            raise OSError(errno.ENXIO, "not a regular file", str(path)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 def _jsonable(obj: Any) -> Any:

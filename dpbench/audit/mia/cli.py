@@ -21,7 +21,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dpbench.audit.mia.settings import MIASettings
-from dpbench.config.entry import hydra_entry
+from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.errors import ConfigError, DPBenchError
 from dpbench.logging.records import COMPLETED, RESULTS_NAME, write_record
 from dpbench.logging.results import run_record
@@ -157,6 +157,7 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console script ``dpbench-mia`` (and ``python -m dpbench.audit.mia``)."""
+    check_command_line("mia", "dpbench-mia", __name__)
     hydra_main()
 
 

@@ -1,0 +1,182 @@
+"""Check what Hydra itself will instantiate before ``hydra.main`` runs anything.
+
+Hydra runs some config values as code before the task function starts: it instantiates every
+``hydra.callbacks`` entry (``_target_``) and hands ``hydra.job_logging`` and
+``hydra.hydra_logging`` to ``logging.config.dictConfig``, which calls any ``"()"`` factory,
+imports any handler ``class`` and resolves any ``ext://`` name. A check inside the task comes
+too late, so the console scripts call ``check_hydra_command`` first: it composes the
+configuration exactly as ``hydra.main`` will (the same argument parser, search path,
+``--config-dir`` and run mode; in a sweep also each value of every swept option) and raises
+ConfigError naming the key of the first value that is not allowed
+(docs/reliability-bad-input.md, "What Hydra runs"):
+
+- ``hydra.callbacks``: each ``_target_`` must pass the allow-list (``config.targets``);
+- ``hydra.job_logging`` / ``hydra.hydra_logging``: a ``"()"`` factory must pass the same
+  allow-list; a handler's ``class`` must be ``logging.StreamHandler`` or
+  ``logging.NullHandler`` (a file handler could write or truncate any file the user can:
+  dpbench writes ``run.log`` itself); a formatter's ``class`` must be ``logging.Formatter``;
+  an ``ext://`` value may name only ``sys.stdout`` or ``sys.stderr``;
+- ``hydra.output_subdir`` must stay null (Hydra would write its config files there before
+  dpbench validates anything, following planted links);
+- ``--experimental-rerun`` (which unpickles a file) is refused.
+
+A configuration that does not compose is left to ``hydra.main`` to report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from dpbench.config.targets import check_targets, is_allowed_target
+from dpbench.errors import ConfigError
+
+#: handler and formatter classes a logging config may name (nothing imported, nothing written)
+LOGGING_CLASSES = {
+    "handlers": frozenset({"logging.StreamHandler", "logging.NullHandler"}),
+    "formatters": frozenset({"logging.Formatter"}),
+}
+#: the only ``ext://`` names a logging config may resolve
+EXTERNAL_NAMES = frozenset({"ext://sys.stdout", "ext://sys.stderr"})
+LOGGING_KEYS = ("hydra.job_logging", "hydra.hydra_logging")
+
+
+def _walk(prefix: str, node: Any) -> Iterator[tuple[str, Any, Any]]:
+    """Yield (dotted key, key, value) of every entry under ``node`` (dicts and lists)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            where = f"{prefix}.{key}"
+            yield where, key, value
+            yield from _walk(where, value)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _walk(f"{prefix}[{i}]", value)
+
+
+def check_logging_config(node: Any, key: str) -> None:
+    """Raise ConfigError naming the key of the first value of the ``logging.config`` dict
+    ``node`` that would run code or write a file (see the module docstring)."""
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True)
+    if not isinstance(node, dict):
+        return
+    for where, name, value in _walk(key, node):
+        if name == "()" and not (isinstance(value, str) and is_allowed_target(value)):
+            raise ConfigError(f"{where}={value!r} is not an allowed factory: a logging config "
+                              "may not call code (docs/reliability-bad-input.md)")
+        if isinstance(value, str) and value.startswith("ext://") and value not in EXTERNAL_NAMES:
+            raise ConfigError(f"{where}={value!r} is refused: a logging config may name only "
+                              f"{' or '.join(sorted(EXTERNAL_NAMES))}")
+    for section, allowed in LOGGING_CLASSES.items():
+        for name, entry in (node.get(section) or {}).items():
+            if isinstance(entry, dict) and "class" in entry and entry["class"] not in allowed:
+                raise ConfigError(
+                    f"{key}.{section}.{name}.class={entry['class']!r} is refused: a logging "
+                    f"config may use {', '.join(sorted(allowed))} (dpbench writes run.log "
+                    "itself; docs/reliability-bad-input.md)")
+
+
+def _resolved(cfg: DictConfig, key: str) -> Any:
+    """Return the node ``key`` of ``cfg`` as plain containers, interpolations resolved."""
+    node = OmegaConf.select(cfg, key)
+    if not isinstance(node, DictConfig):
+        return node
+    try:
+        return OmegaConf.to_container(node, resolve=True)
+    except Exception:  # noqa: BLE001 - e.g. ${hydra.runtime.output_dir}, known only later
+        # checked as written: an interpolation where a factory, class or ext:// name is
+        # expected is then not an allowed name, so it is refused
+        return OmegaConf.to_container(node, resolve=False)
+
+
+def check_hydra_node(cfg: DictConfig) -> None:
+    """Raise ConfigError for a callback or logging value of ``cfg.hydra`` that is refused."""
+    check_targets(_resolved(cfg, "hydra.callbacks"), "hydra.callbacks")
+    subdir = OmegaConf.select(cfg, "hydra.output_subdir")
+    if subdir is not None:  # Hydra writes there with open(): before validation, through links
+        raise ConfigError(f"hydra.output_subdir={subdir!r} is refused: dpbench writes the run's "
+                          "config.yaml itself once its settings are valid (keep it null)")
+    for key in LOGGING_KEYS:
+        check_logging_config(_resolved(cfg, key), key)
+
+
+def _job_overrides(overrides: list[str]) -> Iterator[list[str]]:
+    """Yield override lists that give each value of every sweep its own composition (the
+    other sweeps at their first value): what the launcher composes per job, value by value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    values: list[list[str]] = []
+    for override in parsed:
+        if override.is_sweep_override():
+            try:
+                options = list(override.sweep_string_iterator())
+            except Exception:  # noqa: BLE001 - a sweep hydra cannot list: the sweeper reports it
+                options = []
+            values.append([f"{override.get_key_element()}={v}" for v in options] or [])
+        else:
+            values.append([override.input_line])
+    yield [v[0] for v in values if v]
+    for i, options in enumerate(values):
+        for option in options[1:]:
+            yield [*(v[0] for v in values[:i] if v), option,
+                   *(v[0] for v in values[i + 1:] if v)]
+
+
+def check_hydra_command(argv: Sequence[str], config_dir: str, config_name: str,
+                        calling_module: str) -> None:
+    """Compose what ``hydra.main(config_path=config_dir, config_name=...)`` will run for the
+    command line ``argv`` (without the program name) and raise ConfigError for a refused
+    callback, logging factory or handler (module docstring). Composition errors are left to
+    ``hydra.main``."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_automatic_config_search_path, get_args_parser
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    try:
+        args = get_args_parser().parse_args(list(argv))
+    except SystemExit:
+        return  # hydra.main prints the usage error itself
+    if getattr(args, "experimental_rerun", None) is not None:
+        raise ConfigError("--experimental-rerun is refused: it unpickles a file, which can run "
+                          "code; run again with the overrides instead")
+    config_name = args.config_name or config_name
+    search_path = create_automatic_config_search_path(None, calling_module,
+                                                      args.config_path or config_dir)
+    if args.config_dir is not None:
+        import os
+
+        search_path.prepend(provider="command-line",
+                            path=f"file://{os.path.abspath(args.config_dir)}",
+                            anchor=SearchPathQuery(provider="schema"))
+    try:
+        hydra = Hydra.create_main_hydra2(task_name="dpbench-check",
+                                         config_search_path=search_path)
+    except Exception:  # noqa: BLE001 - hydra.main reports a bad search path
+        return
+    try:
+        overrides = list(args.overrides)
+        try:  # one composition gives the run mode too (as Hydra's get_mode composes); a
+            # single run's hydra node equals it, a sweep's master config is it
+            cfg = hydra.compose_config(config_name, overrides, run_mode=RunMode.MULTIRUN,
+                                       validate_sweep_overrides=False)
+        except Exception:  # noqa: BLE001 - composition errors: hydra.main reports them
+            return
+        check_hydra_node(cfg)
+        multirun = bool(args.multirun) or OmegaConf.select(cfg, "hydra.mode") == RunMode.MULTIRUN
+        if not multirun:
+            return
+        params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
+        swept = [f"{k}={v}" for k, v in params.items()] + overrides
+        for job in _job_overrides(swept):
+            try:
+                job_cfg = hydra.compose_config(config_name, job, run_mode=RunMode.RUN)
+            except Exception:  # noqa: BLE001 - the launcher reports a job that does not compose
+                continue
+            check_hydra_node(job_cfg)
+    finally:
+        GlobalHydra.instance().clear()
