@@ -8,10 +8,10 @@ import math
 
 import numpy as np
 import pytest
-from dpbench.analysis.reproduce import paper_claims
 from scipy import stats
 
 from dpbench.analysis.claims import adjust, claims_markdown, evaluate_claim
+from dpbench.runners.reproduce import paper_claims
 
 
 def _spread(mean: float, half_width: float, n: int) -> list[float]:
@@ -124,7 +124,7 @@ def test_a_steps_saving_on_three_seeds_is_not_decided_by_a_t_test(tmp_path):
         folder = tmp_path / "sst2" / f"{i}"
         folder.mkdir(parents=True)
         (folder / "results.json").write_text(json.dumps(r))
-    from dpbench.analysis.reproduce import load_spec
+    from dpbench.runners.reproduce import load_spec
 
     spec = load_spec("spectral")
     spec = {**spec, "claims": [c for c in spec["claims"] if c["id"] == "spectral_steps_saving"]}

@@ -29,7 +29,7 @@ def test_a_dry_run_prints_the_commands_and_writes_nothing(paper, tmp_path, capsy
 
 
 def test_reproduce_counts_every_sweeps_runs_for_its_progress(tmp_path):
-    from dpbench.analysis.reproduce import job_runs, load_spec, parse_args, sweep_commands
+    from dpbench.runners.reproduce import job_runs, load_spec, parse_args, sweep_commands
 
     args = parse_args(["fiber", "bounded_adaclip", "--out", str(tmp_path)])
     runs = {paper: [job_runs(j) for j in sweep_commands(load_spec(paper), args, tmp_path)]
