@@ -17,7 +17,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.utils.io import atomic_write_json
+from dpbench.utils.io import json_bytes
+from dpbench.utils.mac import write_authenticated
 
 RESULTS_NAME = "results.json"
 
@@ -159,6 +160,7 @@ def failed_record(cfg: DictConfig, error: BaseException, stage: str) -> dict[str
 
 
 def write_record(run_dir: Path, record: dict[str, Any]) -> Path:
+    """Write ``results.json`` atomically with its MAC (``results.json.mac``, utils/mac.py)."""
     path = Path(run_dir) / RESULTS_NAME
-    atomic_write_json(path, record)
+    write_authenticated(path, json_bytes(record))
     return path

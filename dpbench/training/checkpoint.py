@@ -12,7 +12,9 @@ dpbench saves no other type).
 from __future__ import annotations
 
 import io
+import os
 import random
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ import numpy as np
 import torch
 
 from dpbench.errors import DPBenchError
-from dpbench.utils.io import atomic_write_bytes
+from dpbench.utils.mac import write_authenticated
 
 CHECKPOINT_NAME = "checkpoint.pt"
 #: types a checkpoint may hold beyond PyTorch's weights-only defaults (tensors, containers)
@@ -88,7 +90,7 @@ def state_from_bytes(data: bytes) -> dict[str, Any]:
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write ``state`` to ``path`` atomically (a kill leaves the previous checkpoint intact)."""
-    atomic_write_bytes(path, state_bytes(state))
+    write_authenticated(path, state_bytes(state))
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:
@@ -100,9 +102,37 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
     path = Path(path)
     if not path.exists():
         return None
+    return _load_state(path, path)
+
+
+def read_checkpoint_bytes(path: Path) -> bytes | None:
+    """Return the bytes of the regular file ``path`` (None if there is none), never through a
+    link or from a FIFO or device (opened non-blocking, checked before reading)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise CheckpointError(f"cannot read the checkpoint {path}: {err.strerror or err} "
+                              "(a link or unreadable file); move it away to start afresh"
+                              ) from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise CheckpointError(f"the checkpoint {path} is not a regular file; move it away "
+                                  "to start afresh")
+        return f.read()
+
+
+def load_checkpoint_bytes(data: bytes, path: Path) -> dict[str, Any]:
+    """Return the checkpoint in ``data`` (read from ``path``), as ``load_checkpoint`` does."""
+    return _load_state(io.BytesIO(data), Path(path))
+
+
+def _load_state(source: Any, path: Path) -> dict[str, Any]:
+    """torch.load ``source`` weights-only; CheckpointError (one line) naming ``path``."""
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = torch.load(source, map_location="cpu", weights_only=True)
     except PermissionError as err:
         raise CheckpointError(f"cannot read the checkpoint {path}: {err.strerror}") from None
     except Exception as err:  # noqa: BLE001 - torch raises many types on a damaged file
