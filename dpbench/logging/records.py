@@ -120,13 +120,12 @@ def environment(device: str | None = None) -> dict[str, Any]:
 
 
 def _tuning_record(cfg: DictConfig) -> dict[str, Any]:
-    """Return how the run's hyper-parameters were chosen (the search ledger left out)."""
+    """Return how the run's hyper-parameters were chosen, the search's ledger included (a
+    reader re-derives ``total_epsilon`` from it, ``privacy.verify.check_record_epsilon``)."""
     tuning = cfg.get("tuning")
     if tuning is None:
         return {"mode": "default"}
-    out = OmegaConf.to_container(tuning, resolve=True)
-    out.pop("search_ledger", None)
-    return out
+    return OmegaConf.to_container(tuning, resolve=True)
 
 
 def base_record(cfg: DictConfig) -> dict[str, Any]:

@@ -190,6 +190,7 @@ def check_record_epsilon(record: Mapping[str, Any], what: str = "results.json"
                                           rel_tol=EPSILON_RTOL, abs_tol=1e-12):
         raise LedgerMismatch(f"{what} states epsilon {stated!r}, but its ledger gives "
                              f"{derived:.6g}")
+    _check_total(record, ledger, derived, delta, accountant, what)
     target = record.get("target_epsilon")
     planned = record.get("planned_steps")
     if (record.get("status") == "completed" and isinstance(target, (int, float))
@@ -198,3 +199,29 @@ def check_record_epsilon(record: Mapping[str, Any], what: str = "results.json"
                              "less the calibration's tolerance: its noise is not the calibrated "
                              "one")
     return derived
+
+
+def _check_total(record: Mapping[str, Any], ledger: list[dict[str, Any]], derived: float,
+                 delta: float, accountant: Any, what: str) -> None:
+    """Refuse a tuned record whose ``tuning.total_epsilon`` is not search + run re-derived
+    from its search's ledger and selection epsilon (``selection.search_and_run_epsilon``)."""
+    from dpbench.privacy.selection import search_and_run_epsilon
+
+    tuning = record.get("tuning")
+    if not isinstance(tuning, Mapping) or tuning.get("mode") != "accounted":
+        return
+    search = tuning.get("search_ledger")
+    if not isinstance(search, list) or not all(
+            isinstance(e, Mapping) and isinstance(e.get("steps"), int) for e in search):
+        raise LedgerMismatch(f"{what}: an accounted tuning without its search_ledger")
+    selection = _number(tuning.get("selection_epsilon"), f"{what}: tuning.selection_epsilon")
+    try:
+        total = search_and_run_epsilon(list(search), selection, ledger, derived, delta,
+                                       accountant)
+    except (KeyError, TypeError, ValueError) as err:
+        raise LedgerMismatch(f"{what}: its search_ledger cannot be accounted ({err})") from None
+    stated = tuning.get("total_epsilon")
+    if isinstance(stated, bool) or not isinstance(stated, (int, float)) or not math.isclose(
+            stated, total, rel_tol=EPSILON_RTOL, abs_tol=1e-12):
+        raise LedgerMismatch(f"{what} states tuning.total_epsilon {stated!r}, but its "
+                             f"search and run give {total:.6g}")

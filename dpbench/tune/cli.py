@@ -289,7 +289,7 @@ def check_cells(job: TuneJob) -> list[list[str]]:
                               f"same run ({key}); drop one")
         keys[key] = cell
         if not job.research:
-            choice_mode(choices, known, key)  # a stored choice that will be reused is checked
+            choice_mode(choices, known, key, cfg)  # a stored choice to be reused is checked
     return cells
 
 
@@ -334,7 +334,7 @@ def run_cell(cell: list[str], job: TuneJob) -> None:
     cell_cfg = compose_config([*_QUIET, *cell])
     key = cfg_cell_key(cell_cfg)
     known = read_choices(choices) if choices.exists() else {}
-    if job.research or choice_mode(choices, known, key) != settings.mode:
+    if job.research or choice_mode(choices, known, key, cell_cfg) != settings.mode:
         if settings.mode == "accounted":
             from dpbench.tune.search import selection_epsilon
 

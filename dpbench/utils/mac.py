@@ -140,3 +140,13 @@ def verify_mac(path: str | os.PathLike, data: bytes, what: str) -> None:
         raise Unauthenticated(f"refusing to resume {what} {path}: its MAC does not match "
                               "(it was changed after dpbench wrote it, written with another "
                               f"key, or the run was killed while saving); {afresh}")
+
+
+def is_authentic(path: str | os.PathLike, data: bytes) -> bool:
+    """Return whether ``data`` (read from ``path``) carries a MAC that verifies with this
+    user's key; False when there is no key (none is created) or no readable MAC."""
+    try:
+        verify_mac(path, data, "the file")
+    except ConfigError:
+        return False
+    return True
