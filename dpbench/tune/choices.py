@@ -47,6 +47,8 @@ MAX_CHOICES_BYTES = 16 * 2**20
 #: with a ledger of a few entries)
 MAX_TRIALS = 1000
 MAX_LEDGER_ENTRIES = 1000
+#: steps of one ledger entry: far beyond any run (the accountant overflows near 1e9)
+MAX_LEDGER_STEPS = 10**8
 #: the smallest selection epsilon a search uses or a file may state (``--selection-epsilon``)
 SELECTION_EPSILON_MIN = 0.01
 
@@ -238,8 +240,10 @@ def _ledger_entries(source: Any, key: str, field: str, ledger: Any) -> list[dict
             raise _refuse(source, key, f"{where}.noise_multiplier", problem)
         if positive_finite_problem(rate) is not None or rate > 1:
             raise _refuse(source, key, f"{where}.sample_rate", f"must be in (0, 1] (got {rate!r})")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise _refuse(source, key, f"{where}.steps", f"must be an integer >= 0 (got {steps!r})")
+        if isinstance(steps, bool) or not isinstance(steps, int) or not (
+                0 <= steps <= MAX_LEDGER_STEPS):
+            raise _refuse(source, key, f"{where}.steps", f"must be an integer in [0, "
+                          f"{MAX_LEDGER_STEPS:g}] (got {steps!r})")
     return ledger
 
 
@@ -265,7 +269,8 @@ def _check_trial(source: Any, key: str, i: int, trial: dict[str, Any],
     A completed trial (it has a score) states its epsilon and its steps: its ledger must give
     that epsilon and hold ceil(steps / b) accounted steps; under a cell calibrated to a target
     it spends the target (less the calibration's tolerance), under a fixed noise multiplier
-    every entry has it. A failed trial's ledger (the steps it released) counts as written.
+    every entry has it. A failed trial's ledger is counted as a whole run
+    (``_failed_as_full``).
     """
     from dpbench.privacy.calibration import RELATIVE_TOLERANCE
     from dpbench.privacy.composition import compose_ledgers
@@ -334,9 +339,40 @@ def _trials_totals(source: Any, key: str, choice: dict[str, Any],
     search_ledger = [entry for ledger in ledgers for entry in ledger]
     if "search_ledger" in choice and choice["search_ledger"] != search_ledger:
         raise _refuse(source, key, "search_ledger", "differs from the trials' own ledgers")
-    trials_epsilon = compose_ledgers([search_ledger], delta, accountant)
-    _check_stored(source, key, choice, "trials_epsilon", trials_epsilon)
-    return search_ledger, trials_epsilon
+    _check_stored(source, key, choice, "trials_epsilon",
+                  compose_ledgers([search_ledger], delta, accountant))
+    if plan is not None:  # a failed trial's steps cannot be re-derived: counted as run out
+        ledgers = _failed_as_full(trials, ledgers, delta, accountant)
+        search_ledger = [entry for ledger in ledgers for entry in ledger]
+    return search_ledger, compose_ledgers([search_ledger], delta, accountant)
+
+
+def _failed_as_full(trials: list[dict[str, Any]], ledgers: list[list[dict[str, Any]]],
+                    delta: float, accountant: str) -> list[list[dict[str, Any]]]:
+    """Return the ledgers with each failed trial's replaced by a completed trial's whole one
+    (of the same batch size if there is one, else the one spending most) when that spends
+    more: how far a failed trial ran is only its own word, and every trial of a cell is
+    planned to spend the same target."""
+    from dpbench.privacy.composition import compose_ledgers
+
+    def spent(ledger: list[dict[str, Any]]) -> float:
+        return compose_ledgers([ledger], delta, accountant)
+
+    def batch(trial: dict[str, Any]) -> Any:
+        overrides = trial.get("overrides")
+        return overrides.get("trainer.batch_size") if isinstance(overrides, dict) else None
+
+    done = [(t, ledger) for t, ledger in zip(trials, ledgers)
+            if "failed" not in t and t.get("score") is not None]
+    out = []
+    for trial, ledger in zip(trials, ledgers):
+        if "failed" in trial or trial.get("score") is None:
+            same = [full for t, full in done if batch(t) == batch(trial)] or [
+                full for _, full in done]
+            full = max(same, key=spent, default=ledger)
+            ledger = full if spent(full) > spent(ledger) else ledger
+        out.append(ledger)
+    return out
 
 
 def _check_stored(source: Any, key: str, choice: dict[str, Any], field: str,
