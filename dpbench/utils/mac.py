@@ -49,13 +49,21 @@ def _read_key_file(path: Path, create: bool) -> bytes:
     """Return the key in ``path``, creating it (0600, 32 random bytes) if allowed and absent."""
     if create and not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # written whole under a temporary name, then linked: a concurrent reader never sees
+        # an empty key, and of two processes creating it one wins (the other reads it)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:
-            pass  # another process created it first: read theirs
-        else:
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass  # another process created it first: read theirs
+        finally:
+            tmp.unlink(missing_ok=True)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as err:
