@@ -184,20 +184,36 @@ def _report_error(cfg: DictConfig, run_dir: Path, err: BaseException, stage: str
 def _completed_record(cfg: DictConfig, results: Path) -> dict | None:
     """Return the run dir's completed record if it was written by this very config.
 
-    Raise ConfigError if another config wrote it (resuming would hand back its results).
+    Raise ConfigError if another config wrote it (resuming would hand back its results), if
+    its MAC does not verify with this user's key, or if its epsilon is not the one its own
+    mechanism gives (``privacy.verify.check_record_epsilon``).
     """
+    import json
+
     from dpbench.errors import ConfigError
     from dpbench.experiment import fingerprint
-    from dpbench.utils.safe_json import read_json
+    from dpbench.privacy.verify import LedgerMismatch, check_record_epsilon
+    from dpbench.utils.mac import verify_mac
+    from dpbench.utils.safe_json import MAX_DEPTH, UnsafeFile, json_depth, read_bytes
 
-    record = read_json(results)  # a regular file of bounded size (a FIFO never blocks)
-    if not isinstance(record, dict):
-        raise ConfigError(f"{results} is not a run record; move it away to start afresh")
-    if record.get("status") != COMPLETED:
+    try:
+        data = read_bytes(results)
+        if json_depth(data) > MAX_DEPTH:
+            raise UnsafeFile(f"it nests JSON more than {MAX_DEPTH} levels deep")
+        record = json.loads(data)
+    except (OSError, UnsafeFile, ValueError, RecursionError) as err:
+        raise ConfigError(f"{results} cannot be read ({err}); move it away to start afresh"
+                          ) from None
+    if not isinstance(record, dict) or record.get("status") != COMPLETED:
         return None
+    verify_mac(results, data, "the completed record")
     if fingerprint(OmegaConf.create(record.get("config") or {})) != fingerprint(cfg):
         raise ConfigError(f"{results} was written by another configuration; resume with the "
                           "same settings or use a new hydra.run.dir")
+    try:
+        check_record_epsilon(record, str(results))
+    except LedgerMismatch as err:
+        raise ConfigError(f"{err}; move it away to start afresh") from None
     return record
 
 

@@ -47,6 +47,22 @@ def run_config(cfg, run_dir: Path | None = None) -> dict:
     return build_trainer(cfg, run_dir).fit()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def mac_key_file(tmp_path_factory) -> Path:
+    """Point dpbench's MAC key at a tmp file (0600) for the whole session, subprocesses
+    included: the tests never create or read a key under the real home."""
+    path = tmp_path_factory.mktemp("dpbench-key") / "mac.key"
+    path.write_text("0123456789abcdef" * 4 + "\n")
+    path.chmod(0o600)
+    saved = {k: os.environ.pop(k, None) for k in ("DPBENCH_MAC_KEY", "DPBENCH_MAC_KEY_FILE")}
+    os.environ["DPBENCH_MAC_KEY_FILE"] = str(path)
+    yield path
+    for key, value in saved.items():
+        os.environ.pop(key, None)
+        if value is not None:
+            os.environ[key] = value
+
+
 @pytest.fixture
 def data_root() -> Path:
     """Return the real data root of ``@pytest.mark.data`` tests (``DPBENCH_DATA_ROOT``).

@@ -307,6 +307,9 @@ def test_unreadable_checkpoint_is_one_line(damage, monkeypatch, tmp_path, capfd)
     torch.save({"epoch": 1, "model": {"w": torch.zeros(100, 100)}}, buffer)
     ckpt = run_dir / "checkpoint.pt"  # as after a kill mid-copy, or a stray file
     ckpt.write_bytes(buffer.getvalue()[:2000] if damage == "truncated" else b"not a checkpoint")
+    from dpbench.utils.mac import write_mac
+
+    write_mac(ckpt, ckpt.read_bytes())  # the user's own file (a planted one has no MAC)
     before = _snapshot(run_dir)
     code, output = _cli(monkeypatch, capfd, "trainer.resume=true", "privacy=nonprivate",
                         f"hydra.run.dir={run_dir}")

@@ -10,6 +10,7 @@ its un-noised diagnostics were renamed (``private_diagnostics``) reads with the 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -24,7 +25,9 @@ from dpbench.logging.records import (
     RESULTS_NAME,
     UNPRIVATISED_DIAGNOSTICS,
 )
-from dpbench.utils.safe_json import UnsafeFile, read_json
+from dpbench.privacy.verify import LedgerMismatch, check_record_epsilon
+from dpbench.utils.mac import is_authentic
+from dpbench.utils.safe_json import MAX_DEPTH, UnsafeFile, json_depth, read_bytes
 
 #: record fields kept as columns (everything else stays in the record)
 _SCALARS = ("method", "method_name", "dataset", "model", "privacy", "seed", "run_name",
@@ -70,16 +73,48 @@ def check_record(record: Any) -> dict[str, Any]:
     return record
 
 
+def derived_epsilon(record: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Return ``record`` with its epsilon re-derived from its own mechanism, never read.
+
+    A record with a ``privacy_ledger`` (or marked private) must state the epsilon its ledger
+    gives under its plan (``privacy.verify.check_record_epsilon``), else Unreadable names the
+    disagreement. One with neither (written by hand, or by a dpbench before ledgers) has no
+    epsilon to derive: its ``epsilon`` is dropped (None), and it is tabulated only under the
+    target it names.
+    """
+    if "privacy_ledger" not in record and record.get("private") is not True:
+        if isinstance(record.get("epsilon"), (int, float)) and record["epsilon"] != math.inf:
+            return {**record, "epsilon": None, "epsilon_underived": record["epsilon"]}
+        return record
+    try:
+        check_record_epsilon(record, str(path))
+    except LedgerMismatch as err:
+        raise Unreadable(f"refused: {err}") from None
+    return record
+
+
 def iter_records(root: str | Path) -> Iterator[tuple[Path, dict[str, Any] | str]]:
-    """Yield (path, record) for every results.json under ``root``; a reason if unreadable."""
+    """Yield (path, record) for every results.json under ``root``; a reason if unreadable.
+
+    Each record gets ``authenticated``: whether its MAC verifies with this user's key
+    (``utils.mac``; a colleague's records do not), and its epsilon is re-derived
+    (``derived_epsilon``).
+    """
     for path in sorted(Path(root).rglob(RESULTS_NAME)):
         try:
             # bounded: a results.json from a shared folder may be huge, nested or not a file
-            record = check_record(read_json(path))
+            data = read_bytes(path)
+            if json_depth(data) > MAX_DEPTH:
+                raise UnsafeFile(f"{path} nests JSON more than {MAX_DEPTH} levels deep")
+            try:
+                parsed = json.loads(data.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+                raise UnsafeFile(f"{path} is not JSON ({type(err).__name__}: {err})") from err
+            record = derived_epsilon(check_record(parsed), path)
         except (OSError, UnsafeFile, Unreadable) as err:
             yield path, f"unreadable results.json: {err}"
             continue
-        yield path, record
+        yield path, {**record, "authenticated": is_authentic(path, data)}
 
 
 def load_records(root: str | Path, status: str | Collection[str] | None = COMPLETED, *,

@@ -103,7 +103,9 @@ def summarise(records: Sequence[dict[str, Any]], baseline: str = "dplora",
                 results.append(compare_to_baseline(runs[baseline], runs[method]))
                 base_acc.append(results[-1]["target"])
                 meth_acc.append(results[-1]["method_final"])
-                eps.append(runs[method]["epsilon"] - runs[baseline]["epsilon"])
+                spent = (runs[method].get("epsilon"), runs[baseline].get("epsilon"))
+                # an epsilon the reader could not derive (no ledger) is None: no saving
+                eps.append(spent[0] - spent[1] if None not in spent else math.nan)
         if not results:
             continue
         rows.append({

@@ -248,8 +248,8 @@ for _key in ETT_FILES:
 def _numeric_columns(frame: pd.DataFrame, columns: list[str], path: str) -> pd.DataFrame:
     """Return ``frame`` with ``columns`` as floats; an empty cell is NaN (unobserved).
 
-    A cell that is present but not a number is an error naming its column and row, never a
-    reason to drop the column.
+    A cell that is present but not a finite number (``inf`` included) is an error naming its
+    column and row, never a reason to drop the column.
     """
     frame = frame.copy()
     for col in columns:
@@ -262,7 +262,15 @@ def _numeric_columns(frame: pd.DataFrame, columns: list[str], path: str) -> pd.D
                 f"dataset.path {path}: column {col!r} has {int(bad.sum())} non-numeric "
                 f"cell(s), first {frame[col].iloc[row]!r} in data row {row + 1}; fix the file, "
                 f"leave missing values empty, or leave the column out with dataset.columns")
-        frame[col] = values.astype(np.float32)
+        as_float = values.astype(np.float32)  # a finite cell beyond float32's range overflows
+        infinite = np.isinf(as_float.to_numpy())
+        if infinite.any():
+            row = int(infinite.nonzero()[0][0])
+            raise DataError(
+                f"dataset.path {path}: column {col!r} has {int(infinite.sum())} infinite "
+                f"cell(s) (or beyond float32's range), first {frame[col].iloc[row]!r} in data "
+                f"row {row + 1}; leave missing values empty instead")
+        frame[col] = as_float
     return frame
 
 

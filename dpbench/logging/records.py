@@ -17,7 +17,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.utils.io import atomic_write_json
+from dpbench.utils.io import json_bytes
+from dpbench.utils.mac import write_authenticated
 
 RESULTS_NAME = "results.json"
 
@@ -119,13 +120,12 @@ def environment(device: str | None = None) -> dict[str, Any]:
 
 
 def _tuning_record(cfg: DictConfig) -> dict[str, Any]:
-    """Return how the run's hyper-parameters were chosen (the search ledger left out)."""
+    """Return how the run's hyper-parameters were chosen, the search's ledger included (a
+    reader re-derives ``total_epsilon`` from it, ``privacy.verify.check_record_epsilon``)."""
     tuning = cfg.get("tuning")
     if tuning is None:
         return {"mode": "default"}
-    out = OmegaConf.to_container(tuning, resolve=True)
-    out.pop("search_ledger", None)
-    return out
+    return OmegaConf.to_container(tuning, resolve=True)
 
 
 def base_record(cfg: DictConfig) -> dict[str, Any]:
@@ -159,6 +159,7 @@ def failed_record(cfg: DictConfig, error: BaseException, stage: str) -> dict[str
 
 
 def write_record(run_dir: Path, record: dict[str, Any]) -> Path:
+    """Write ``results.json`` atomically with its MAC (``results.json.mac``, utils/mac.py)."""
     path = Path(run_dir) / RESULTS_NAME
-    atomic_write_json(path, record)
+    write_authenticated(path, json_bytes(record))
     return path

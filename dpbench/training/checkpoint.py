@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from dpbench.errors import DPBenchError
-from dpbench.utils.io import atomic_write_bytes
+from dpbench.utils.mac import write_authenticated
 from dpbench.utils.safe_json import UnsafeFile, read_bytes
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -91,7 +91,7 @@ def state_from_bytes(data: bytes) -> dict[str, Any]:
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write ``state`` to ``path`` atomically (a kill leaves the previous checkpoint intact)."""
-    atomic_write_bytes(path, state_bytes(state))
+    write_authenticated(path, state_bytes(state))
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:
@@ -100,16 +100,29 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
     Raise CheckpointError (one line) if it cannot be read, is corrupt or truncated, or holds
     objects outside the allow-list (a pickle payload is refused, never run).
     """
-    path = Path(path)
-    if not path.exists():
+    data = read_checkpoint_bytes(path)
+    return None if data is None else load_checkpoint_bytes(data, path)
+
+
+def read_checkpoint_bytes(path: Path) -> bytes | None:
+    """Return the bytes of the regular file ``path`` (None if there is none): never through a
+    link, never blocking on a FIFO or device, at most ``MAX_CHECKPOINT_BYTES``."""
+    try:
+        return read_bytes(path, MAX_CHECKPOINT_BYTES, follow_links=False)
+    except FileNotFoundError:
         return None
-    try:  # a regular file of bounded size: a FIFO or a device in its place never blocks
-        data = read_bytes(path, MAX_CHECKPOINT_BYTES)
     except UnsafeFile as err:
         raise CheckpointError(f"cannot resume from the checkpoint: {err}; move it away to "
                               "start afresh") from None
-    except PermissionError as err:
-        raise CheckpointError(f"cannot read the checkpoint {path}: {err.strerror}") from None
+    except OSError as err:
+        raise CheckpointError(f"cannot read the checkpoint {path}: {err.strerror or err} "
+                              "(a link or unreadable file); move it away to start afresh"
+                              ) from None
+
+
+def load_checkpoint_bytes(data: bytes, path: Path) -> dict[str, Any]:
+    """Return the checkpoint in ``data`` (read from ``path``), loaded without running code;
+    CheckpointError (one line) naming ``path`` if it is corrupt or holds unsafe objects."""
     try:
         state = state_from_bytes(data)
     except Exception as err:  # noqa: BLE001 - torch raises many types on a damaged file

@@ -15,15 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from dpbench.errors import ConfigError
+from dpbench.privacy.verify import LedgerMismatch, check_ledger, ledger_history
 from dpbench.training.checkpoint import (
     CHECKPOINT_NAME,
-    load_checkpoint,
+    load_checkpoint_bytes,
+    read_checkpoint_bytes,
     rng_state,
     save_checkpoint,
     set_rng_state,
     state_bytes,
     state_from_bytes,
 )
+from dpbench.utils.mac import verify_mac
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,57 @@ def run_state(trainer: Any) -> dict[str, Any]:
     }
 
 
+def _progress(state: dict[str, Any], plan: Any, epochs: int) -> int:
+    """Return the checkpoint's step counter if it agrees with its epoch and epoch step."""
+    step, epoch, within = (state.get(k) for k in ("step", "epoch", "epoch_step"))
+    within = 0 if within is None else within
+    numbers = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                  for v in (step, epoch, within))
+    if not (numbers and epoch <= epochs and within <= plan.steps_per_epoch
+            and step == epoch * plan.steps_per_epoch + within):
+        raise ConfigError(f"the checkpoint's step counter (step {step!r}, epoch {epoch!r}, "
+                          f"epoch step {within!r}) does not match this run's plan "
+                          f"({plan.steps_per_epoch} steps per epoch, {epochs} epochs); move "
+                          "checkpoint.pt away to start afresh")
+    return step
+
+
+def restore_privacy_state(trainer: Any, state: dict[str, Any]) -> None:
+    """Re-derive the ledger and the accountant from the run's plan and the step counter.
+
+    Neither is loaded as written: the checkpoint's ledger is accepted only if it is exactly
+    the plan's mechanism (rate b q, the calibrated sigma) for the steps its counter says ran
+    (``privacy.verify.check_ledger``), and the accountant's history is rebuilt from it, so an
+    emptied ledger, a raised sigma or a moved counter is refused (docs/reliability-bad-input.md).
+    """
+    plan = trainer.plan
+    step = _progress(state, plan, trainer.settings.epochs)
+    entries = (state.get("ledger") or {}).get("entries") if isinstance(
+        state.get("ledger"), dict) else None
+    try:
+        if plan.private:
+            ledger = check_ledger(entries, noise_multiplier=plan.noise_multiplier,
+                                  sample_rate=plan.sample_rate, bands=plan.bands, steps=step,
+                                  what="the checkpoint's ledger")
+        elif entries:
+            raise LedgerMismatch("the checkpoint's ledger records releases, but this run's "
+                                 "plan is not private")
+        else:
+            ledger = []
+    except LedgerMismatch as err:
+        raise ConfigError(f"{err}; move checkpoint.pt away to start afresh") from None
+    fields = ("sample_rate", "noise_multiplier", "queries", "steps")
+    # the sampler the steps ran under is the plan's, never the file's (Poisson: no field)
+    sampling = None if plan.sampling.poisson else plan.sampling.to_json()
+    trainer.ledger.load_state_dict({"entries": [
+        {**{k: e[k] for k in fields}, **({"sampling": sampling} if sampling else {})}
+        for e in ledger]})
+    if trainer.accountant is not None:
+        trainer.accountant.load_state_dict({"mechanism": trainer.accountant.mechanism,
+                                            "history": ledger_history(ledger),
+                                            "sampling": trainer.accountant.sampling.to_json()})
+
+
 def restore_run_state(trainer: Any, state: dict[str, Any]) -> None:
     """Put ``trainer`` back to ``state``; refuse a checkpoint of another configuration."""
     if state.get("fingerprint") != trainer.fingerprint:
@@ -63,9 +117,7 @@ def restore_run_state(trainer: Any, state: dict[str, Any]) -> None:
     trainer.model.load_state_dict(state["model"])
     trainer.method.load_state_dict(state["method"])
     trainer.task.load_state_dict(state.get("task") or {})
-    if trainer.accountant is not None:
-        trainer.accountant.load_state_dict(state["accountant"])
-    trainer.ledger.load_state_dict(state["ledger"])
+    restore_privacy_state(trainer, state)
     for name, saved in state["generators"].items():
         generator = trainer.generators[name]
         generator.set_state(saved.to(generator.get_state().device))
@@ -123,10 +175,12 @@ class RunCheckpoint:
         """Return the checkpoint to resume from, or None (no resume asked, or none written)."""
         if not self.resume or self.path is None:
             return None
-        state = load_checkpoint(self.path)
-        if state is None:
+        data = read_checkpoint_bytes(self.path)
+        if data is None:
             log.info("trainer.resume: no checkpoint in %s; starting fresh", self.path.parent)
-        return state
+            return None
+        verify_mac(self.path, data, "the checkpoint")  # before a byte of it is parsed
+        return load_checkpoint_bytes(data, self.path)
 
 
 def state_from_main(collective: Any, state: Callable[[], dict[str, Any]]

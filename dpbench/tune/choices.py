@@ -7,11 +7,14 @@ trial with its own privacy ledger and the selection epsilon, so that every run u
 choice can report the total epsilon of search + run (docs/tuning-and-claims.md, "Tuning").
 
 A choices file is data from whoever wrote the folder, never code or privacy settings
-(docs/reliability-bad-input.md, "Files from others"): it is read bounded (``read_json``), must
+(docs/reliability-bad-input.md, "Files from others"): it is read bounded (``read_bytes``), must
 be of this version, and a cell may set only the keys in ``TUNABLE``, each type- and
 range-checked. Its ledgers are not trusted as written: the search's ledger is rebuilt from the
-trials' own ledgers, every trial's epsilon must be covered by its ledger, and the totals are
-recomputed; a file that disagrees is refused, naming the file, the cell and the key.
+trials' own ledgers, every completed trial's epsilon and steps are re-derived from its ledger
+and checked against the plan of the cell (its target or noise multiplier), the selection
+epsilon has a floor (the cell's target when the file is not authenticated by this user's MAC
+key), and the totals are recomputed; a file that disagrees is refused, naming the file, the
+cell and the key.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dpbench.errors import ConfigError
 from dpbench.utils.conf import without_added_defaults
-from dpbench.utils.io import atomic_write_json
-from dpbench.utils.safe_json import UnsafeFile, read_json
+from dpbench.utils.io import json_bytes
+from dpbench.utils.mac import is_authentic, write_authenticated
+from dpbench.utils.safe_json import MAX_DEPTH, UnsafeFile, json_depth, read_bytes
 
 CHOICES_NAME = "choices.json"
 MODES = ("accounted", "unaccounted")
@@ -43,6 +47,10 @@ MAX_CHOICES_BYTES = 16 * 2**20
 #: with a ledger of a few entries)
 MAX_TRIALS = 1000
 MAX_LEDGER_ENTRIES = 1000
+#: steps of one ledger entry: far beyond any run (the accountant overflows near 1e9)
+MAX_LEDGER_STEPS = 10**8
+#: the smallest selection epsilon a search uses or a file may state (``--selection-epsilon``)
+SELECTION_EPSILON_MIN = 0.01
 
 
 def positive_finite_problem(value: Any) -> str | None:
@@ -150,9 +158,21 @@ def cfg_cell_key(cfg: DictConfig) -> str:
 def read_choices(path: str | Path) -> dict[str, Any]:
     """Return the choices file's cells by key (not yet checked: ``checked_choice``);
     ConfigError naming ``tuned`` and the file if it is unusable."""
+    return read_choices_authenticated(path)[0]
+
+
+def read_choices_authenticated(path: str | Path) -> tuple[dict[str, Any], bool]:
+    """Return (the choices file's cells by key, whether its MAC verifies with this user's
+    key: ``utils.mac``, written by this user's ``dpbench-tune``), read once."""
     path = Path(path)
     try:
-        data = read_json(path, max_bytes=MAX_CHOICES_BYTES)
+        raw = read_bytes(path, max_bytes=MAX_CHOICES_BYTES)
+        if json_depth(raw) > MAX_DEPTH:
+            raise UnsafeFile(f"{path} nests JSON more than {MAX_DEPTH} levels deep")
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+            raise UnsafeFile(f"{path} is not JSON ({type(err).__name__}: {err})") from err
     except FileNotFoundError as err:
         raise ConfigError(f"tuned: no choices file at {path}") from err
     except UnsafeFile as err:
@@ -166,7 +186,7 @@ def read_choices(path: str | Path) -> dict[str, Any]:
     if version != CHOICES_VERSION:
         raise ConfigError(f"tuned: {path} has version={version!r}, this dpbench reads version "
                           f"{CHOICES_VERSION}; tune again into a new --out")
-    return cells
+    return cells, is_authentic(path, raw)
 
 
 @contextmanager
@@ -196,8 +216,8 @@ def write_choice(path: str | Path, key: str, choice: dict[str, Any]) -> None:
     with _locked(path):
         cells = read_choices(path) if path.exists() else {}
         cells[key] = choice
-        atomic_write_json(path, {"version": CHOICES_VERSION,
-                                 "cells": dict(sorted(cells.items()))})
+        write_authenticated(path, json_bytes({"version": CHOICES_VERSION,
+                                              "cells": dict(sorted(cells.items()))}))
 
 
 def _refuse(source: Any, key: str, field: str, why: str) -> ConfigError:
@@ -220,14 +240,80 @@ def _ledger_entries(source: Any, key: str, field: str, ledger: Any) -> list[dict
             raise _refuse(source, key, f"{where}.noise_multiplier", problem)
         if positive_finite_problem(rate) is not None or rate > 1:
             raise _refuse(source, key, f"{where}.sample_rate", f"must be in (0, 1] (got {rate!r})")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise _refuse(source, key, f"{where}.steps", f"must be an integer >= 0 (got {steps!r})")
+        if isinstance(steps, bool) or not isinstance(steps, int) or not (
+                0 <= steps <= MAX_LEDGER_STEPS):
+            raise _refuse(source, key, f"{where}.steps", f"must be an integer in [0, "
+                          f"{MAX_LEDGER_STEPS:g}] (got {steps!r})")
     return ledger
 
 
-def _trials_totals(source: Any, key: str, choice: dict[str, Any]) -> tuple[list, float]:
+def cell_plan(cfg: DictConfig | None) -> dict[str, Any] | None:
+    """Return what a cell's config fixes of every trial's mechanism: its target epsilon or
+    fixed noise multiplier, and the bands b of cyclic Poisson sampling (None without cfg)."""
+    if cfg is None:
+        return None
+    privacy = cfg.privacy
+    fixed = privacy.get("noise_multiplier")
+    bands = OmegaConf.select(cfg, "method.settings.bands", default=None)
+    return {"private": bool(privacy.get("enabled", True)),
+            "target": None if fixed is not None else privacy.get("target_epsilon"),
+            "noise_multiplier": fixed,
+            "bands": bands if isinstance(bands, int) and bands >= 1 else 1}
+
+
+def _check_trial(source: Any, key: str, i: int, trial: dict[str, Any],
+                 ledger: list[dict[str, Any]], delta: float, accountant: str,
+                 plan: dict[str, Any] | None) -> None:
+    """Refuse a trial whose ledger is not the mechanism of the setting it names.
+
+    A completed trial (it has a score) states its epsilon and its steps: its ledger must give
+    that epsilon and hold ceil(steps / b) accounted steps; under a cell calibrated to a target
+    it spends the target (less the calibration's tolerance), under a fixed noise multiplier
+    every entry has it. A failed trial's ledger is counted as a whole run
+    (``_failed_as_full``).
+    """
+    from dpbench.privacy.calibration import RELATIVE_TOLERANCE
+    from dpbench.privacy.composition import compose_ledgers
+    from dpbench.privacy.verify import accounted_steps
+
+    field = f"trials[{i}]"
+    own = compose_ledgers([ledger], delta, accountant)
+    claimed = trial.get("epsilon")
+    if claimed is not None:
+        if (problem := positive_finite_problem(claimed)) is not None:
+            raise _refuse(source, key, f"{field}.epsilon", problem)
+        if not math.isclose(own, claimed, rel_tol=1e-6):
+            raise _refuse(source, key, f"{field}.ledger",
+                          f"gives epsilon {own:.4g}, not the trial's own epsilon "
+                          f"{claimed:.4g}: the ledger was edited")
+    if "failed" in trial or trial.get("score") is None or plan is None or not plan["private"]:
+        return
+    if claimed is None:
+        raise _refuse(source, key, f"{field}.epsilon", "is missing for a completed trial: its "
+                      "epsilon is re-derived from its ledger and must be stated")
+    steps = trial.get("steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise _refuse(source, key, f"{field}.steps", f"must be an integer >= 1 for a "
+                      f"completed trial (got {steps!r})")
+    held = sum(e["steps"] for e in ledger)
+    if held != accounted_steps(steps, plan["bands"]):
+        raise _refuse(source, key, f"{field}.ledger", f"holds {held} accounted steps, but the "
+                      f"trial ran {steps} steps")
+    target, sigma = plan["target"], plan["noise_multiplier"]
+    if target is not None and own < float(target) * (1 - 2 * RELATIVE_TOLERANCE):
+        raise _refuse(source, key, f"{field}.ledger", f"gives epsilon {own:.4g}, below the "
+                      f"cell's target {float(target):g} that every trial is calibrated to")
+    if sigma is not None and any(not math.isclose(e["noise_multiplier"], float(sigma),
+                                                  rel_tol=1e-9) for e in ledger):
+        raise _refuse(source, key, f"{field}.ledger", f"has a noise multiplier other than "
+                      f"the cell's privacy.noise_multiplier={float(sigma):g}")
+
+
+def _trials_totals(source: Any, key: str, choice: dict[str, Any],
+                   plan: dict[str, Any] | None = None) -> tuple[list, float]:
     """Return the search's ledger and the composed epsilon of all its trials, recomputed from
-    the trials' own ledgers (a stored ``search_ledger`` or ``trials_epsilon`` must agree)."""
+    the trials' own ledgers, each checked against the cell's plan (``_check_trial``); a
+    stored ``search_ledger`` or ``trials_epsilon`` must agree."""
     from dpbench.privacy.accountant import check_accountant
     from dpbench.privacy.composition import compose_ledgers
 
@@ -248,22 +334,45 @@ def _trials_totals(source: Any, key: str, choice: dict[str, Any]) -> tuple[list,
         if not isinstance(trial, dict):
             raise _refuse(source, key, f"trials[{i}]", "must be an object")
         ledger = _ledger_entries(source, key, f"trials[{i}].ledger", trial.get("ledger"))
-        claimed = trial.get("epsilon")
-        if claimed is not None:
-            if (problem := positive_finite_problem(claimed)) is not None:
-                raise _refuse(source, key, f"trials[{i}].epsilon", problem)
-            own = compose_ledgers([ledger], delta, accountant)
-            if own < claimed * (1 - 1e-6):
-                raise _refuse(source, key, f"trials[{i}].ledger",
-                              f"gives epsilon {own:.4g}, less than the trial's own epsilon "
-                              f"{claimed:.4g}: the ledger was edited")
+        _check_trial(source, key, i, trial, ledger, delta, accountant, plan)
         ledgers.append(ledger)
     search_ledger = [entry for ledger in ledgers for entry in ledger]
     if "search_ledger" in choice and choice["search_ledger"] != search_ledger:
         raise _refuse(source, key, "search_ledger", "differs from the trials' own ledgers")
-    trials_epsilon = compose_ledgers([search_ledger], delta, accountant)
-    _check_stored(source, key, choice, "trials_epsilon", trials_epsilon)
-    return search_ledger, trials_epsilon
+    _check_stored(source, key, choice, "trials_epsilon",
+                  compose_ledgers([search_ledger], delta, accountant))
+    if plan is not None:  # a failed trial's steps cannot be re-derived: counted as run out
+        ledgers = _failed_as_full(trials, ledgers, delta, accountant)
+        search_ledger = [entry for ledger in ledgers for entry in ledger]
+    return search_ledger, compose_ledgers([search_ledger], delta, accountant)
+
+
+def _failed_as_full(trials: list[dict[str, Any]], ledgers: list[list[dict[str, Any]]],
+                    delta: float, accountant: str) -> list[list[dict[str, Any]]]:
+    """Return the ledgers with each failed trial's replaced by a completed trial's whole one
+    (of the same batch size if there is one, else the one spending most) when that spends
+    more: how far a failed trial ran is only its own word, and every trial of a cell is
+    planned to spend the same target."""
+    from dpbench.privacy.composition import compose_ledgers
+
+    def spent(ledger: list[dict[str, Any]]) -> float:
+        return compose_ledgers([ledger], delta, accountant)
+
+    def batch(trial: dict[str, Any]) -> Any:
+        overrides = trial.get("overrides")
+        return overrides.get("trainer.batch_size") if isinstance(overrides, dict) else None
+
+    done = [(t, ledger) for t, ledger in zip(trials, ledgers)
+            if "failed" not in t and t.get("score") is not None]
+    out = []
+    for trial, ledger in zip(trials, ledgers):
+        if "failed" in trial or trial.get("score") is None:
+            same = [full for t, full in done if batch(t) == batch(trial)] or [
+                full for _, full in done]
+            full = max(same, key=spent, default=ledger)
+            ledger = full if spent(full) > spent(ledger) else ledger
+        out.append(ledger)
+    return out
 
 
 def _check_stored(source: Any, key: str, choice: dict[str, Any], field: str,
@@ -276,20 +385,45 @@ def _check_stored(source: Any, key: str, choice: dict[str, Any], field: str,
                       f"{value:.6g}")
 
 
-def _accounted_totals(source: Any, key: str, choice: dict[str, Any]) -> dict[str, Any]:
-    """Return the accounted search's ledger and epsilons, recomputed from its trials."""
+def _selection_epsilon(source: Any, key: str, choice: dict[str, Any],
+                       plan: dict[str, Any] | None, authentic: bool) -> float:
+    """Return the selection's epsilon to account: the stored one, at least
+    ``SELECTION_EPSILON_MIN``; from a file this user's key does not authenticate, at least
+    the documented default (the cell's target epsilon), and refused for a cell without one."""
     eps_sel = choice.get("selection_epsilon")
     if (problem := positive_finite_problem(eps_sel)) is not None:
         raise _refuse(source, key, "selection_epsilon", problem)
-    search_ledger, trials_epsilon = _trials_totals(source, key, choice)
-    _check_stored(source, key, choice, "search_epsilon", max(trials_epsilon, float(eps_sel)))
-    return {"search_ledger": search_ledger, "selection_epsilon": float(eps_sel),
-            "search_epsilon": max(trials_epsilon, float(eps_sel))}
+    if eps_sel < SELECTION_EPSILON_MIN:
+        raise _refuse(source, key, "selection_epsilon", f"is {eps_sel!r}, below the smallest "
+                      f"a search uses ({SELECTION_EPSILON_MIN:g})")
+    if authentic or plan is None:
+        return float(eps_sel)
+    target = plan["target"]
+    if target is None:
+        raise _refuse(source, key, "selection_epsilon", "cannot be checked: the file is not "
+                      "authenticated by your MAC key and the cell has no target epsilon to "
+                      "default to; tune the cell yourself")
+    return max(float(eps_sel), float(target))
 
 
-def checked_choice(source: Any, key: str, choice: Any) -> dict[str, Any]:
+def _accounted_totals(source: Any, key: str, choice: dict[str, Any],
+                      plan: dict[str, Any] | None = None, authentic: bool = True
+                      ) -> dict[str, Any]:
+    """Return the accounted search's ledger and epsilons, recomputed from its trials."""
+    eps_sel = _selection_epsilon(source, key, choice, plan, authentic)
+    search_ledger, trials_epsilon = _trials_totals(source, key, choice, plan)
+    if eps_sel == choice["selection_epsilon"]:  # a floored one differs from the stored total
+        _check_stored(source, key, choice, "search_epsilon", max(trials_epsilon, eps_sel))
+    return {"search_ledger": search_ledger, "selection_epsilon": eps_sel,
+            "search_epsilon": max(trials_epsilon, eps_sel)}
+
+
+def checked_choice(source: Any, key: str, choice: Any, cfg: DictConfig | None = None,
+                   authentic: bool = True) -> dict[str, Any]:
     """Return the checked, recomputed content of one stored choice; ConfigError if it is
-    malformed, sets a key outside ``TUNABLE``, or its ledgers disagree with its trials."""
+    malformed, sets a key outside ``TUNABLE``, or its ledgers disagree with its trials or
+    with the plan of the cell ``cfg`` (when given). ``authentic``: whether this user's MAC
+    key authenticates the file (``_selection_epsilon``)."""
     if not isinstance(choice, dict):
         raise _refuse(source, key, "the cell", "must be an object")
     if choice.get("key") != key:
@@ -312,18 +446,25 @@ def checked_choice(source: Any, key: str, choice: Any) -> dict[str, Any]:
     edge = choice.get("at_grid_edge", False)
     out = {"mode": mode, "chosen": dict(overrides), "at_grid_edge": edge is True,
            "search_ledger": [], "selection_epsilon": None, "search_epsilon": None}
+    plan = cell_plan(cfg)
     if mode == "accounted":
-        out.update(_accounted_totals(source, key, choice))
-    elif "trials_epsilon" in choice or "search_ledger" in choice:
-        _trials_totals(source, key, choice)  # an unaccounted search's epsilon is checked too
+        out.update(_accounted_totals(source, key, choice, plan, authentic))
+    else:
+        switched = [k for k in ("selection_epsilon", "search_epsilon") if k in choice]
+        if switched:  # an accounted search's choice relabelled: its selection read the data
+            raise _refuse(source, key, "mode", f"is unaccounted, but the choice holds an "
+                          f"accounted search's {switched[0]}: it was switched")
+        if "trials_epsilon" in choice or "search_ledger" in choice:
+            _trials_totals(source, key, choice, plan)  # an unaccounted search's, checked too
     return out
 
 
-def choice_mode(source: Any, cells: dict[str, Any], key: str) -> str | None:
+def choice_mode(source: Any, cells: dict[str, Any], key: str,
+                cfg: DictConfig | None = None) -> str | None:
     """Return the mode of the stored (checked) choice of ``key``, or None if there is none."""
     if key not in cells:
         return None
-    return checked_choice(source, key, cells[key])["mode"]
+    return checked_choice(source, key, cells[key], cfg)["mode"]
 
 
 def apply_tuned(cfg: DictConfig) -> DictConfig:
@@ -336,13 +477,13 @@ def apply_tuned(cfg: DictConfig) -> DictConfig:
     source = cfg.get("tuned")
     if not source:
         return cfg
-    cells = read_choices(source)
+    cells, authentic = read_choices_authenticated(source)
     key = cfg_cell_key(cfg)
     if key not in cells:
         raise ConfigError(f"tuned: {source} has no choice for the cell {key} (it has: "
                           f"{', '.join(sorted(cells)) or 'none'}); the key covers every "
                           "setting that changes a run")
-    choice = checked_choice(source, key, cells[key])
+    choice = checked_choice(source, key, cells[key], cfg, authentic)
     absent = object()
     for name in choice["chosen"]:
         if OmegaConf.select(cfg, name, default=absent) is absent:  # e.g. a method's clip floor

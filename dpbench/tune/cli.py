@@ -289,7 +289,7 @@ def check_cells(job: TuneJob) -> list[list[str]]:
                               f"same run ({key}); drop one")
         keys[key] = cell
         if not job.research:
-            choice_mode(choices, known, key)  # a stored choice that will be reused is checked
+            choice_mode(choices, known, key, cfg)  # a stored choice to be reused is checked
     return cells
 
 
@@ -339,7 +339,7 @@ def run_cell(cell: list[str], job: TuneJob) -> str:
     cell_cfg = compose_config([*_QUIET, *cell])
     key = cfg_cell_key(cell_cfg)
     known = read_choices(choices) if choices.exists() else {}
-    if job.research or choice_mode(choices, known, key) != settings.mode:
+    if job.research or choice_mode(choices, known, key, cell_cfg) != settings.mode:
         if settings.mode == "accounted":
             from dpbench.tune.search import selection_epsilon
 
@@ -358,12 +358,37 @@ def run_cell(cell: list[str], job: TuneJob) -> str:
     return f"cell {' '.join(cell)}: chose {chosen}; {len(job.seeds)} seeds trained"
 
 
+def by_cell(frame: Any, root: Path) -> Any:
+    """Return ``frame`` with each run's label made unique per whole cell key
+    (``cfg_cell_key`` of its record's config): runs that differ in any setting that changes a
+    run (``trainer.epochs=1,2``) are never pooled as seeds of one row."""
+    from dpbench.analysis.results import load_records, row_eps_label
+
+    if frame.empty:
+        return frame
+    keys: dict[str, str] = {}
+    for record in load_records(root, status=None):
+        try:
+            keys[str(Path(record["_path"]).parent)] = cfg_cell_key(
+                OmegaConf.create(record.get("config") or {}))
+        except Exception:  # noqa: BLE001 - a record without a usable config: its own cell
+            keys[str(Path(record["_path"]).parent)] = f"run_dir={record['_path']}"
+    frame = frame.copy()
+    frame["cell_key"] = frame["run_dir"].map(keys).fillna(frame["run_dir"])
+    eps = frame.apply(row_eps_label, axis=1)
+    shared = frame.assign(eps=eps).groupby(["label", "dataset", "model", "tuning", "eps"],
+                                           dropna=False)["cell_key"].transform("nunique") > 1
+    suffix = frame["cell_key"].str.rpartition("|")[2]
+    frame.loc[shared, "label"] = frame.loc[shared, "label"] + " [" + suffix[shared] + "]"
+    return frame
+
+
 def report(out: Path, metric: str, baseline: str | None) -> str:
     """Write and return ``OUT/report.md``: cells with CIs, tuned lr, verdicts vs baseline."""
     from dpbench.analysis.results import load_frame
     from dpbench.analysis.tables import baseline_table, cell_table, markdown_table
 
-    frame = load_frame(out / "runs")
+    frame = by_cell(load_frame(out / "runs"), out / "runs")
     text = f"# {metric}: mean ± 95 % t-interval over seeds\n\n"
     text += markdown_table(cell_table(frame, metric)) + "\n"
     lrs = frame[frame["status"] == "completed"].groupby(

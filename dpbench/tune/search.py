@@ -35,7 +35,12 @@ from dpbench.config.compose import compose_config
 from dpbench.errors import ConfigError, DPBenchError
 from dpbench.privacy.composition import compose_ledgers
 from dpbench.privacy.selection import exponential_mechanism
-from dpbench.tune.choices import MAX_TRIALS, cfg_cell_key, positive_finite_problem
+from dpbench.tune.choices import (
+    MAX_TRIALS,
+    SELECTION_EPSILON_MIN,
+    cfg_cell_key,
+    positive_finite_problem,
+)
 from dpbench.utils.seeding import stream_seed
 
 log = logging.getLogger(__name__)
@@ -221,6 +226,9 @@ def check_settings(settings: TuneSettings) -> None:
     if eps is not None and (problem := positive_finite_problem(eps)) is not None:
         raise ConfigError(f"--selection-epsilon {problem}; omit it to use the cell's target "
                           "epsilon")
+    if eps is not None and eps < SELECTION_EPSILON_MIN:
+        raise ConfigError(f"--selection-epsilon must be >= {SELECTION_EPSILON_MIN:g} (got "
+                          f"{eps!r}); omit it to use the cell's target epsilon")
     if not 0.0 < settings.validation_fraction < 1.0:
         raise ConfigError("--validation-fraction must be in (0, 1) (got "
                           f"{settings.validation_fraction!r})")

@@ -75,10 +75,15 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+def json_bytes(obj: Any) -> bytes:
+    """Return ``obj`` as the indented JSON ``atomic_write_json`` writes (NaN becomes null)."""
+    text = json.dumps(_jsonable(obj), indent=2, sort_keys=False, default=str)
+    return (text + "\n").encode()
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write ``obj`` as indented JSON atomically (NaN becomes null, inf stays Infinity)."""
-    text = json.dumps(_jsonable(obj), indent=2, sort_keys=False, default=str)
-    atomic_write_bytes(path, (text + "\n").encode())
+    atomic_write_bytes(path, json_bytes(obj))
 
 
 def make_dirs(path: str | os.PathLike) -> list[Path]:

@@ -36,13 +36,16 @@ def json_depth(data: bytes) -> int:
     return int(np.cumsum(step).max(initial=0))
 
 
-def read_bytes(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> bytes:
+def read_bytes(path: str | os.PathLike, max_bytes: int = MAX_BYTES,
+               follow_links: bool = True) -> bytes:
     """Return the bytes of the regular file ``path`` (at most ``max_bytes``); UnsafeFile else.
 
     Opened without blocking and checked with ``fstat`` on the open descriptor, so a FIFO or a
     device swapped in after a check is still refused; FileNotFoundError passes through.
+    ``follow_links=False``: a symbolic link in place of ``path`` is refused (OSError ELOOP).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

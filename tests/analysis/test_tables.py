@@ -67,20 +67,28 @@ def test_sigma_grid_is_a_curve_in_the_privacy_utility_plot(tmp_path):
     """Private runs at fixed noise multipliers are points at the epsilon they spent, one per
     multiplier; only a method without private runs becomes a non-private reference level."""
     from dpbench.analysis.plots import privacy_utility, utility_curves
+    from dpbench.privacy.composition import compose_ledgers
 
-    for sigma, spent, acc in ((0.5, 9.0, 0.9), (2.0, 1.5, 0.7)):
+    spent = {}
+    for sigma, acc in ((0.5, 0.9), (2.0, 0.7)):
+        # a private record's epsilon is re-derived from its ledger: it carries a real one
+        ledger = [{"sample_rate": 0.05, "noise_multiplier": sigma, "steps": 20, "queries": [
+            {"name": "gradient", "sensitivity": 1.0, "noise_std": sigma}]}]
+        spent[sigma] = compose_ledgers([ledger], 1e-5, "pld")
         for s in range(2):
             name = f"adaln-{sigma}-{s}"
             _write(tmp_path, name, "dp_adaln", s, acc + 0.01 * s, eps=None)
             path = tmp_path / name / "results.json"
             record = json.loads(path.read_text())
-            path.write_text(json.dumps({**record, "private": True, "noise_multiplier": sigma,
-                                        "epsilon": spent}))
+            path.write_text(json.dumps({
+                **record, "private": True, "noise_multiplier": sigma, "epsilon": spent[sigma],
+                "sample_rate": 0.05, "steps": 20, "delta": 1e-5, "accountant": "pld",
+                "privacy_ledger": ledger}))
     for s in range(2):
         _write(tmp_path, f"np-{s}", "nonprivate", s, 0.95, eps=None)
     frame = load_frame(tmp_path)
     curves = utility_curves(frame, "accuracy")
-    assert [round(eps, 6) for eps, _ in curves["dp_adaln"]] == [1.5, 9.0]
+    assert [eps for eps, _ in curves["dp_adaln"]] == [spent[2.0], spent[0.5]]
     assert [round(i.mean, 6) for _, i in curves["dp_adaln"]] == [0.705, 0.905]
     assert curves["nonprivate"] == 0.95
     privacy_utility(frame, "accuracy", tmp_path / "pu.png")

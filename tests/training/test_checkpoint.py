@@ -18,6 +18,7 @@ from dpbench.training.checkpoint import (
     set_rng_state,
     to_plain,
 )
+from dpbench.utils.mac import write_mac
 from tests.cli_helpers import run_cli
 
 RUN = ("method=dpsgd", "dataset=digits", "model=logreg", "trainer.epochs=1",
@@ -42,12 +43,18 @@ def _resume(run_dir, monkeypatch) -> int:
 def test_a_pickle_payload_in_the_checkpoint_does_not_run(tmp_path, monkeypatch, capfd):
     run_dir, marker = tmp_path / "run", tmp_path / "payload-ran"
     run_dir.mkdir()
-    torch.save({"fingerprint": "x", "model": _Payload(marker)}, run_dir / CHECKPOINT_NAME)
+    path = run_dir / CHECKPOINT_NAME
+    torch.save({"fingerprint": "x", "model": _Payload(marker)}, path)
+    assert _resume(run_dir, monkeypatch) == 2  # planted: no MAC, refused unparsed
+    err = capfd.readouterr().err.strip()
+    assert not marker.exists()
+    assert len(err.splitlines()) == 1 and "has no MAC" in err and "start afresh" in err
+    assert sorted(p.name for p in run_dir.iterdir()) == [CHECKPOINT_NAME]  # nothing written
+    write_mac(path, path.read_bytes())  # even one with this user's MAC is parsed code-free
     assert _resume(run_dir, monkeypatch) == 2
     err = capfd.readouterr().err.strip()
     assert not marker.exists()
     assert len(err.splitlines()) == 1 and "refusing to load" in err and "allow-list" in err
-    assert sorted(p.name for p in run_dir.iterdir()) == [CHECKPOINT_NAME]  # nothing written
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
@@ -58,6 +65,10 @@ def test_a_damaged_checkpoint_says_so_in_one_line(tmp_path, monkeypatch, capfd, 
     raw = path.read_bytes()
     path.write_bytes({"truncated": raw[: len(raw) // 2], "garbage": b"not a checkpoint" * 8,
                       "empty": b""}[damage])
+    assert _resume(path.parent, monkeypatch) == 2  # the MAC no longer matches
+    err = capfd.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "MAC does not match" in err, err
+    write_mac(path, path.read_bytes())  # damaged before it was authenticated: still named
     assert _resume(path.parent, monkeypatch) == 2
     err = capfd.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "corrupt or truncated" in err, err

@@ -16,7 +16,8 @@ from dpbench.tune.choices import CHOICES_VERSION, apply_tuned, cfg_cell_key, wri
 
 CELL = ["dataset=digits", "model=logreg", "method=dpsgd", "privacy=eps3", "trainer.epochs=1",
         "trainer.device=cpu"]
-LEDGER = [{"sample_rate": 0.05, "noise_multiplier": 1.0, "queries": [], "steps": 20}]
+# sigma 0.8 at q 0.05 for 20 steps spends 3.38 >= the cell's target 3, as a calibrated trial does
+LEDGER = [{"sample_rate": 0.05, "noise_multiplier": 0.8, "queries": [], "steps": 20}]
 
 
 def _accounted_choice(key: str) -> dict:

@@ -1,0 +1,160 @@
+"""Authenticate what a run resumes: HMAC-SHA256 of a file's bytes with a per-user key.
+
+A checkpoint and a results.json are written with a sidecar ``<name>.mac`` holding
+``hmac-sha256:<hex>`` of the file's exact bytes (RFC 2104, Python's ``hmac``). The key lives
+outside every shared folder:
+
+- ``DPBENCH_MAC_KEY``: the key itself (e.g. set by a cluster's job environment), or
+- ``DPBENCH_MAC_KEY_FILE``: a file holding it, or by default
+- ``$XDG_CONFIG_HOME/dpbench/mac.key`` (``~/.config/dpbench/mac.key``), created on first use
+  with 32 random bytes and permissions 0600.
+
+A key file that others may read or write is refused. ``trainer.resume=true`` resumes only a
+file whose MAC verifies with this key (docs/reliability-bad-input.md, "Trust model").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from dpbench.errors import ConfigError
+from dpbench.utils.io import atomic_write_bytes
+
+log = logging.getLogger(__name__)
+
+KEY_ENV, KEY_FILE_ENV = "DPBENCH_MAC_KEY", "DPBENCH_MAC_KEY_FILE"
+MAC_SUFFIX = ".mac"
+_PREFIX = "hmac-sha256:"
+#: a sidecar is one short line; anything larger is not one
+_MAX_MAC_BYTES = 256
+
+
+class Unauthenticated(ConfigError):
+    """A file to resume has no MAC, or one that does not verify with this user's key."""
+
+
+def default_key_path() -> Path:
+    """Return ``$XDG_CONFIG_HOME/dpbench/mac.key`` (``~/.config`` when unset)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(base) / "dpbench" / "mac.key"
+
+
+def _read_key_file(path: Path, create: bool) -> bytes:
+    """Return the key in ``path``, creating it (0600, 32 random bytes) if allowed and absent."""
+    if create and not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # written whole under a temporary name, then linked: a concurrent reader never sees
+        # an empty key, and of two processes creating it one wins (the other reads it)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass  # another process created it first: read theirs
+        finally:
+            tmp.unlink(missing_ok=True)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as err:
+        raise ConfigError(f"{KEY_FILE_ENV}: cannot read the MAC key {path} "
+                          f"({err.strerror or err})") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"{KEY_FILE_ENV}: the MAC key {path} is not a regular file")
+        if info.st_mode & 0o077:
+            raise ConfigError(f"{KEY_FILE_ENV}: the MAC key {path} may be read or written by "
+                              f"others (mode {stat.S_IMODE(info.st_mode):o}); chmod 600 it")
+        key = f.read(4096).strip()
+    if len(key) < 16:
+        raise ConfigError(f"{KEY_FILE_ENV}: the MAC key {path} is shorter than 16 bytes")
+    return key
+
+
+def mac_key(create: bool = True) -> bytes:
+    """Return this user's MAC key (``DPBENCH_MAC_KEY``, ``DPBENCH_MAC_KEY_FILE`` or the
+    default file, created on first use when ``create``); ConfigError naming the variable."""
+    value = os.environ.get(KEY_ENV)
+    if value:
+        if len(value) < 16:
+            raise ConfigError(f"{KEY_ENV} is shorter than 16 characters")
+        return value.encode()
+    named = os.environ.get(KEY_FILE_ENV)
+    return _read_key_file(Path(named).expanduser(), create=False) if named else (
+        _read_key_file(default_key_path(), create=create))
+
+
+def mac_of(data: bytes, key: bytes | None = None) -> str:
+    """Return ``hmac-sha256:<hex>`` of ``data`` under ``key`` (this user's by default)."""
+    digest = hmac.new(mac_key() if key is None else key, data, hashlib.sha256).hexdigest()
+    return _PREFIX + digest
+
+
+def mac_path(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + MAC_SUFFIX)
+
+
+def write_mac(path: str | os.PathLike, data: bytes) -> None:
+    """Write the sidecar MAC of ``data`` (the bytes just written to ``path``), atomically.
+
+    Without a usable key the file stays unauthenticated (logged): the run goes on, and only
+    resuming it is refused.
+    """
+    try:
+        atomic_write_bytes(mac_path(path), (mac_of(data) + "\n").encode())
+    except (ConfigError, OSError) as err:
+        log.warning("%s is written without a MAC (%s): it cannot be resumed", path, err)
+
+
+def write_authenticated(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically, then its sidecar MAC."""
+    atomic_write_bytes(path, data)
+    write_mac(path, data)
+
+
+def verify_mac(path: str | os.PathLike, data: bytes, what: str) -> None:
+    """Raise Unauthenticated (one line, saying how to start afresh) unless the sidecar MAC of
+    ``path`` verifies ``data`` (the bytes read from it) with this user's key."""
+    sidecar = mac_path(path)
+    afresh = (f"move {Path(path).name} away (or use a new hydra.run.dir) to start afresh, or "
+              "resume only runs written with your own key")
+    try:
+        fd = os.open(sidecar, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise Unauthenticated(f"refusing to resume {what} {path}: it has no MAC "
+                              f"({sidecar.name}), so dpbench cannot tell that you wrote it; "
+                              f"{afresh}") from None
+    except OSError as err:
+        raise Unauthenticated(f"refusing to resume {what} {path}: cannot read its MAC "
+                              f"{sidecar} ({err.strerror or err}); {afresh}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise Unauthenticated(f"refusing to resume {what} {path}: its MAC {sidecar} is "
+                                  f"not a regular file; {afresh}")
+        stored = f.read(_MAX_MAC_BYTES).decode("ascii", "replace").strip()
+    if not hmac.compare_digest(stored, mac_of(data, mac_key(create=False))):
+        raise Unauthenticated(f"refusing to resume {what} {path}: its MAC does not match "
+                              "(it was changed after dpbench wrote it, written with another "
+                              f"key, or the run was killed while saving); {afresh}")
+
+
+def is_authentic(path: str | os.PathLike, data: bytes) -> bool:
+    """Return whether ``data`` (read from ``path``) carries a MAC that verifies with this
+    user's key; False when there is no key (none is created) or no readable MAC."""
+    try:
+        verify_mac(path, data, "the file")
+    except ConfigError:
+        return False
+    return True
