@@ -6,11 +6,19 @@ from dpbench.analysis.empirical import empirical_table
 from dpbench.analysis.report import build_report
 from dpbench.analysis.results import load_frame
 from dpbench.logging.records import write_record
+from dpbench.privacy.composition import compose_ledgers
+
+#: a private record's epsilon is re-derived from its ledger by every reader: a real one
+LEDGER = [{"sample_rate": 0.1, "noise_multiplier": 4.0, "steps": 20, "queries": [
+    {"name": "gradient", "sensitivity": 1.0, "noise_std": 4.0}]}]
+SPENT = compose_ledgers([LEDGER], 1e-5, "pld")
 
 
 def _record(seed: int, accuracy: float, **extra) -> dict:
     return {"method": "dpsgd", "method_name": "dpsgd", "dataset": "digits", "model": "mlp",
-            "privacy": "eps1", "target_epsilon": 1.0, "epsilon": 0.999, "private": True,
+            "privacy": "eps1", "target_epsilon": 1.0, "epsilon": SPENT, "private": True,
+            "noise_multiplier": 4.0, "sample_rate": 0.1, "steps": 20, "delta": 1e-5,
+            "accountant": "pld", "privacy_ledger": LEDGER,
             "seed": seed, "status": "completed", "metrics": {"accuracy": accuracy}, **extra}
 
 
@@ -25,7 +33,7 @@ def _write_cell(root):
     write_record(root / "u0", _record(0, 0.80))
     write_record(root / "u1", _record(1, 0.82))
     write_record(root / "a0", _record(0, 0.70, kind="audit", epsilon_lower=0.1,
-                                      audit_power=3.0, epsilon_claimed=0.999))
+                                      audit_power=3.0, epsilon_claimed=SPENT))
     write_record(root / "m0", _record(0, 0.10, **MIA))  # a weak target: must not pool
 
 

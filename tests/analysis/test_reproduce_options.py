@@ -42,7 +42,7 @@ def test_reproduce_counts_every_sweeps_runs_for_its_progress(tmp_path):
 def test_a_bad_claim_stops_reproduce_before_any_run(tmp_path, monkeypatch, capsys):
     import yaml
 
-    from dpbench.analysis import reproduce
+    from dpbench.runners import reproduce
 
     spec = yaml.safe_load((reproduce.SPEC_DIR / "fiber.yaml").read_text())
     spec["claims"][0]["paper_effect"] = -0.02
