@@ -80,13 +80,13 @@ format: $(STAMP)  ## ruff format + import sort
 bench: $(STAMP)  ## DP step time / non-private step time per model and grad-sample mode
 	$(BIN)/dpbench-bench
 
-# The privacy table over every method's tiny test config (tests/privacy/matrix.py: ledger
+# The privacy table over every method's tiny test config (tests/helpers/privacy_matrix.py: ledger
 # check, sensitivity, audit; ARGS=--canaries N), then the fault and bad-input tests.
 PRIVACY_TESTS := tests/test_bad_input.py tests/training/test_faults.py \
                  tests/privacy/test_ledger_check.py tests/training/test_sensitivity.py tests/audit
 
 privacy-audit: $(STAMP)  ## every method x (ledger check, sensitivity, audit), then the fault tests
-	PYTHONPATH=. nice -n 10 $(BIN)/python -m tests.privacy.matrix $(ARGS)
+	PYTHONPATH=. nice -n 10 $(BIN)/python -m tests.helpers.privacy_matrix $(ARGS)
 	PYTHONPATH=. $(BIN)/python -m pytest -q $(PRIVACY_TESTS)
 
 clean:  ## remove run outputs (keeps .venv)

@@ -1,4 +1,4 @@
-"""Shared fixtures: compose configs the way the CLI does, on CPU, tiny, into tmp_path."""
+"""Shared fixtures (the shared helpers live in tests/helpers/): the real data root, offline W&B."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 try:
     # absl (under dp-accounting) makes a log handler bound to the sys.stderr of the moment; when
@@ -21,25 +20,6 @@ try:
     _absl_logging.get_absl_handler().python_handler.stream = _sys.__stderr__
 except ImportError:  # the dev extra is absent
     pass
-
-from dpbench.cli import CONF_DIR
-
-REPO = Path(__file__).resolve().parents[1]
-QUIET = ["logger=none", "trainer.progress=false", "trainer.device=cpu"]
-
-
-def compose_config(*overrides: str):
-    """Return the composed config for ``overrides`` (quiet, CPU) like ``dpbench`` would."""
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=[*QUIET, *overrides])
-
-
-def run_config(cfg, run_dir: Path | None = None) -> dict:
-    """Build and fit a trainer for ``cfg``; return its summary."""
-    from dpbench.experiment import build_trainer
-
-    return build_trainer(cfg, run_dir).fit()
-
 
 @pytest.fixture
 def data_root() -> Path:

@@ -11,7 +11,7 @@ import pytest
 
 from dpbench.cli import hydra_main
 from dpbench.errors import ConfigError
-from tests.cli_helpers import run_cli
+from tests.helpers.cli import run_cli
 
 BASE = ["dataset=digits", "model=logreg", "method=dpsgd", "privacy=eps3", "trainer.epochs=1"]
 

@@ -10,7 +10,7 @@ import pytest
 
 from dpbench.analysis.report import build_report
 from dpbench.cli import main
-from tests.results_contract import contract_problems
+from tests.helpers.results_contract import contract_problems
 
 QUIET = ["logger=none", "trainer.progress=false", "trainer.device=cpu"]
 

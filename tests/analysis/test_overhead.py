@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dpbench.analysis.overhead import StepTimer
 from dpbench.experiment import build_trainer
-from tests.conftest import compose_config
+from tests.helpers.config import compose_config
 
 
 def test_step_timer_skips_evaluations_and_reports_a_ratio():

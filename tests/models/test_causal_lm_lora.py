@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from dpbench.experiment import build_trainer
-from tests.conftest import compose_config
-from tests.fixtures.synthetic import write_sst2
+from tests.helpers.config import compose_config
+from tests.helpers.synthetic import write_sst2
 
 
 def test_tiny_causal_lm_lora_trains_and_generates(tmp_path, monkeypatch):

@@ -6,34 +6,9 @@ import math
 
 import pytest
 
-from dpbench.privacy.verify import ledger_noise_multiplier, pld_epsilon
-from tests.conftest import compose_config, run_config
-from tests.method_matrix import is_private, method_mode_params, method_overrides
-
-#: the run's accountant and this check's PLD are upper bounds discretised differently (the
-#: run's pld groups steps and uses a coarser grid; prv is Opacus's); the reported epsilon
-#: may sit this much below the check's before we call it under-reported
-UNDER_TOLERANCE = 0.01
-#: and no more than this factor above it (RDP is looser than PLD)
-OVER_FACTOR = {"pld": 1.02, "prv": 1.05, "rdp": 1.5}
-
-
-def check_ledger(summary: dict) -> float:
-    """Assert the ledger matches the run and its epsilon; return the PLD epsilon."""
-    ledger = summary["privacy_ledger"]
-    bands = summary.get("participation_bands", 1)  # cyclic Poisson: DP-SGD at b q, T / b steps
-    assert sum(e["steps"] for e in ledger) == math.ceil(summary["steps"] / bands)
-    for entry in ledger:
-        assert entry["sample_rate"] == pytest.approx(bands * summary["sample_rate"], rel=1e-12)
-        sigma = ledger_noise_multiplier(entry)
-        assert sigma == pytest.approx(entry["noise_multiplier"], rel=1e-9)
-        assert sigma >= summary["noise_multiplier"] * (1 - 1e-9)  # never less noise than planned
-    eps_pld = pld_epsilon(ledger, summary["delta"])
-    eps = summary["epsilon"]
-    assert eps >= eps_pld * (1 - UNDER_TOLERANCE), f"under-reported: {eps} < PLD {eps_pld}"
-    assert eps <= eps_pld * OVER_FACTOR[summary["accountant"]] + 0.02, \
-        f"epsilon {eps} far above PLD {eps_pld}"
-    return eps_pld
+from tests.helpers.config import compose_config, run_config
+from tests.helpers.ledger import check_ledger
+from tests.helpers.method_matrix import is_private, method_mode_params, method_overrides
 
 
 @pytest.mark.parametrize("name,mode", method_mode_params())

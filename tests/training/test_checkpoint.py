@@ -18,7 +18,7 @@ from dpbench.training.checkpoint import (
     set_rng_state,
     to_plain,
 )
-from tests.cli_helpers import run_cli
+from tests.helpers.cli import run_cli
 
 RUN = ("method=dpsgd", "dataset=digits", "model=logreg", "trainer.epochs=1",
        "trainer.batch_size=256", "privacy=sigma", "privacy.noise_multiplier=1.0")

@@ -23,7 +23,7 @@ from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from dpbench.experiment import build_trainer
 from dpbench.training.checkpoint import load_checkpoint
 from dpbench.training.distributed import Collective, ShardedBatchSampler
-from tests.conftest import QUIET, compose_config
+from tests.helpers.config import QUIET, compose_config
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = ["dataset=digits", "model=mlp", "trainer.epochs=3", "trainer.batch_size=64",

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from dpbench.experiment import build_trainer
-from tests.conftest import compose_config
+from tests.helpers.config import compose_config
 
 
 def _sine_csv(path):

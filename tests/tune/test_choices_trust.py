@@ -157,7 +157,7 @@ def test_the_dpbench_command_refuses_a_hostile_choice_before_any_work(tmp_path, 
     """The reported attack: an optimiser _target_ in a shared choices file. Exit 2, one line,
     nothing run and no run folder left."""
     from dpbench.cli import hydra_main
-    from tests.cli_helpers import run_cli
+    from tests.helpers.cli import run_cli
 
     marker = tmp_path / "pwned"
     choice = _accounted_choice(key)
