@@ -21,6 +21,13 @@ try:
 except ImportError:  # the dev extra is absent
     pass
 
+import torch
+
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:  # pytest-xdist: the workers share the cores, one torch pool each
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
+
 @pytest.fixture
 def data_root() -> Path:
     """Return the real data root of ``@pytest.mark.data`` tests (``DPBENCH_DATA_ROOT``).
@@ -45,3 +52,21 @@ def _offline_wandb(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+
+
+@pytest.fixture(autouse=True)
+def _process_state_restored():
+    """Leave the process as the test found it, whatever order or worker runs the next one.
+
+    Code under test may set environment variables (e.g. ``HF_HUB_OFFLINE``) or torch's thread
+    count (a sweep job's share of the cores); a later test must not inherit them.
+    """
+    environ, threads, cwd = dict(os.environ), torch.get_num_threads(), os.getcwd()
+    yield
+    if dict(os.environ) != environ:
+        os.environ.clear()
+        os.environ.update(environ)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    if os.getcwd() != cwd:
+        os.chdir(cwd)

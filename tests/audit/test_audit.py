@@ -12,6 +12,8 @@ from tests.helpers.audit import audit_config
 from tests.helpers.cli import run_cli
 from tests.helpers.method_matrix import all_methods, is_private, method_overrides
 
+pytestmark = pytest.mark.privacy_matrix  # make test-privacy
+
 SMALL_AUDIT = ("audit.canaries=200", "audit.guesses_included=20", "audit.guesses_excluded=20")
 
 

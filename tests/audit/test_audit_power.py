@@ -21,6 +21,8 @@ from dpbench.audit.cli import hydra_main, run_audit
 from tests.helpers.audit import audit_config
 from tests.helpers.cli import run_cli
 
+pytestmark = pytest.mark.privacy_matrix  # make test-privacy
+
 DEFAULT_RUN = ("method=dpsgd", "dataset=digits", "model=mlp")
 
 

@@ -77,7 +77,7 @@ def tiny_case(name: str):
         mask = torch.ones(b, 7, dtype=torch.long)
         mask[0, 5:] = 0
         return model, _ce, ((ids, mask), torch.randint(0, 2, (b,)))
-    pytest.fail(f"model {name!r} is registered but has no tiny case in test_bk_engine.py: "
+    pytest.fail(f"model {name!r} is registered but has no tiny case in tests/helpers/bk_cases.py: "
                 "add one so book-keeping is checked on it", pytrace=False)
 
 

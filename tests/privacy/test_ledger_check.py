@@ -10,6 +10,8 @@ from tests.helpers.config import compose_config, run_config
 from tests.helpers.ledger import check_ledger
 from tests.helpers.method_matrix import is_private, method_mode_params, method_overrides
 
+pytestmark = pytest.mark.privacy_matrix  # make test-privacy
+
 
 @pytest.mark.parametrize("name,mode", method_mode_params())
 def test_reported_epsilon_matches_independent_pld(name, mode, tmp_path):

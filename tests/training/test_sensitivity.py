@@ -25,6 +25,8 @@ from tests.helpers.sensitivity import (
     trained_trainer,
 )
 
+pytestmark = pytest.mark.privacy_matrix  # make test-privacy
+
 
 @pytest.mark.parametrize("name,mode", method_mode_params())
 def test_neighbouring_batches_within_sensitivity(name, mode):
