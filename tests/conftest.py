@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
+# absl (under dp-accounting) makes a log handler bound to the sys.stderr of the moment; when
+# Hydra's logging config later shuts all handlers down, absl closes that stream unless it is the
+# *current* sys.stderr, i.e. it closes pytest's capture file ("lost sys.stderr"). Bind it to the
+# real stderr, which absl never closes. absl.logging alone makes the handler: importing it, not
+# dp-accounting (seconds of scipy), keeps collection and narrow runs short.
 try:
-    # absl (under dp-accounting) makes a log handler bound to the sys.stderr of the moment; when
-    # Hydra's logging config later shuts all handlers down, absl closes that stream unless it is
-    # the *current* sys.stderr, i.e. it closes pytest's capture file ("lost sys.stderr"). Bind it
-    # to the real stderr, which absl never closes.
-    import sys as _sys
-
-    import dp_accounting  # noqa: F401
     from absl import logging as _absl_logging
 
-    _absl_logging.get_absl_handler().python_handler.stream = _sys.__stderr__
+    _absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
 except ImportError:  # the dev extra is absent
     pass
 
