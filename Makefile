@@ -41,9 +41,10 @@ demo: $(STAMP)  ## the default DP run, offline, no data root (scikit-learn digit
 
 # Tiers (docs/testing.md): test-quick is the edit-test loop, test what CI and the README run,
 # test-privacy the per-method privacy matrix alone (also part of test). WORKERS: pytest-xdist's
-# -n (auto: one worker per core; 0: one process, no xdist).
+# -n (auto: one worker per core; 0: one process, no xdist); loadgroup keeps the tests of one
+# xdist_group (one shared fixture) on one worker.
 WORKERS ?= auto
-PYTEST  := $(BIN)/pytest -q -n $(WORKERS)
+PYTEST  := $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup
 QUICK   := not slow and not data and not device and not privacy_matrix and not integration
 
 test: $(STAMP)  ## the suite CI runs, in parallel: no data root, no network (slow, data, device left out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -25,17 +26,28 @@ def test_reported_epsilon_matches_independent_pld(name, mode, tmp_path):
     assert eps_pld <= summary["target_epsilon"] * 1.02
 
 
-def test_ledger_check_catches_a_missing_step(tmp_path):
+@pytest.fixture(scope="module")
+def dpsgd_summary(tmp_path_factory) -> dict:
+    """One tiny DP-SGD run; each negative control corrupts its own copy of the summary."""
+    summary = run_config(compose_config(*method_overrides("dpsgd")),
+                         tmp_path_factory.mktemp("dpsgd"))
+    check_ledger(copy.deepcopy(summary))  # the honest ledger passes
+    return summary
+
+
+@pytest.mark.xdist_group("ledger_dpsgd")  # --dist loadgroup: one worker runs it once
+def test_ledger_check_catches_a_missing_step(dpsgd_summary):
     """Negative control: a ledger that hides one step's release fails the check."""
-    summary = run_config(compose_config(*method_overrides("dpsgd")), tmp_path)
+    summary = copy.deepcopy(dpsgd_summary)
     summary["privacy_ledger"][0]["steps"] -= 1
     with pytest.raises(AssertionError):
         check_ledger(summary)
 
 
-def test_ledger_check_catches_an_understated_noise(tmp_path):
+@pytest.mark.xdist_group("ledger_dpsgd")
+def test_ledger_check_catches_an_understated_noise(dpsgd_summary):
     """Negative control: an accountant told a larger sigma than was released under-reports."""
-    summary = run_config(compose_config(*method_overrides("dpsgd")), tmp_path)
+    summary = copy.deepcopy(dpsgd_summary)
     for q in summary["privacy_ledger"][0]["queries"]:
         q["noise_std"] *= 0.5  # what was really released: half the noise
     with pytest.raises(AssertionError):
