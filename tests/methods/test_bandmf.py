@@ -24,6 +24,8 @@ from tests.helpers.config import compose_config
 from tests.helpers.ledger import check_ledger
 from tests.helpers.method_matrix import method_overrides
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 AS_DPSGD = ("method.optimizer.lr=1.0", "method.optimizer.momentum=0.0")
 
 

@@ -8,6 +8,8 @@ from dpbench.errors import ConfigError
 from dpbench.experiment import build_trainer
 from tests.helpers.config import compose_config
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 # a large eta_C makes C_t move fast, so a floor at the unbounded run's median binds
 SHRINK = ["dataset=digits", "model=logreg", "trainer.epochs=2", "trainer.batch_size=100",
           "trainer.checkpoint=false", "privacy=sigma", "privacy.noise_multiplier=1.0",

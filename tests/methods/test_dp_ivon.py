@@ -10,6 +10,8 @@ from dpbench.methods.base import RunInfo, StepContext
 from dpbench.methods.ivon import IVONOptimizer, noise_corrected_square
 from tests.helpers.config import compose_config, run_config
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 
 def test_noise_corrected_square_is_unbiased_for_the_clean_square():
     gen = torch.Generator().manual_seed(0)

@@ -20,6 +20,8 @@ from tests.helpers.method_steps import (
     set_up,
 )
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 ADAMBC = functools.partial(AdamBC, lr=0.01, weight_decay=0.01, eps_v=1e-6)
 
 

@@ -14,6 +14,8 @@ from dpbench.models.dit import time_series_dit
 from dpbench.tasks.ts_diffusion import TimeSeriesDiffusion
 from tests.helpers.config import compose_config, run_config
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 TINY = ["model=dit", "model.hidden=8", "model.depth=1", "trainer.batch_size=16",
         "trainer.checkpoint=false", "dataset.window=8", "dataset.test_stride=8",
         "+task.diffusion_steps=8", "+task.num_samples=3"]

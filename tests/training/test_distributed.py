@@ -25,6 +25,8 @@ from dpbench.training.checkpoint import load_checkpoint
 from dpbench.training.distributed import Collective, ShardedBatchSampler
 from tests.helpers.config import QUIET, compose_config
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 REPO = Path(__file__).resolve().parents[2]
 RUN = ["dataset=digits", "model=mlp", "trainer.epochs=3", "trainer.batch_size=64",
        "trainer.num_threads=1", *QUIET]

@@ -22,6 +22,8 @@ from dpbench.utils.io import atomic_write_json
 from tests.helpers.cli import QUIET_CLI, run_cli
 from tests.helpers.config import REPO, compose_config
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 RUN = ("model.hidden=16", "trainer.batch_size=32", "trainer.epochs=3")
 
 

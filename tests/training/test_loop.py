@@ -13,6 +13,8 @@ from tests.helpers.callbacks import Crash
 from tests.helpers.config import compose_config, run_config
 from tests.helpers.numerics import assert_trajectory_matches, float64_copy
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 
 class _Trajectory(Callback):
     """Records the model's parameters, flattened, after every step."""

@@ -26,6 +26,8 @@ from dpbench.training.engine.protocol import ClippedSum
 from tests.helpers.config import compose_config
 from tests.helpers.method_matrix import TINY
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 
 def _cfg(*overrides: str):
     return compose_config(*TINY, "privacy=sigma", "privacy.noise_multiplier=1.0", *overrides)

@@ -19,6 +19,8 @@ from tests.helpers.sensitivity import aggregate as _aggregate
 from tests.helpers.sensitivity import distance as _distance
 from tests.helpers.sensitivity import scaled as _scaled
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 TINY = ["dataset=digits", "model=mlp", "trainer.epochs=1", "trainer.batch_size=32"]
 BF16 = torch.finfo(torch.bfloat16).eps  # 2^-7: one bf16 rounding, relative
 #: bf16 rounds the forward's inputs, weights and activations (about 3 roundings through the

@@ -23,6 +23,8 @@ from dpbench.training.checkpoint import load_checkpoint
 from dpbench.training.preemption import PREEMPTED_EXIT_CODE
 from tests.helpers.config import QUIET
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 REPO = Path(__file__).resolve().parents[2]
 RUN = ["dataset=digits", "model=mlp", "trainer.batch_size=16", "trainer.num_threads=1",
        *QUIET]

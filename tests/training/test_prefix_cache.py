@@ -12,6 +12,8 @@ from dpbench.training.prefix_cache import PrefixCachedModel, maybe_cache_prefix
 from tests.helpers.numerics import SAFETY, assert_matches_reference
 from tests.helpers.text_runs import minilm_run, token_data
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 #: the longest inner product behind a LoRA gradient entry: MiniLM's hidden width
 REDUCTION = 384
 
