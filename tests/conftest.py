@@ -27,6 +27,17 @@ if _WORKERS > 1:  # pytest-xdist: the workers share the cores, one torch pool ea
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Hand out the long tests first (whole runs, then the privacy matrix): xdist's workers then
+    fill their tails with short ones instead of one worker finishing a long run alone. Only the
+    schedule changes; every test is independent of the order (docs/testing.md)."""
+    def tier(item) -> int:
+        return (0 if item.get_closest_marker("integration")
+                else 1 if item.get_closest_marker("privacy_matrix") else 2)
+
+    items.sort(key=tier)  # stable: a module's tests keep their order within a tier
+
+
 @pytest.fixture
 def data_root() -> Path:
     """Return the real data root of ``@pytest.mark.data`` tests (``DPBENCH_DATA_ROOT``).

@@ -14,6 +14,8 @@ from dpbench.methods.base import DPMethod
 from tests.helpers.cli import run_cli
 from tests.helpers.synthetic import write_mnist_copy
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 BASE = ("model.hidden=16", "trainer.epochs=1", "trainer.batch_size=64")
 HYDRA = 1  # Hydra rejects an unknown config group option itself (exit 1, lists the options)
 DPBENCH = 2  # dpbench's ConfigError / DataError (exit 2)

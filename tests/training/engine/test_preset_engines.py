@@ -32,6 +32,8 @@ from dpbench.experiment import build_trainer
 from tests.helpers import synthetic
 from tests.helpers.config import REPO, compose_config
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 PRESETS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
 BATCH_CAP = 16
 
