@@ -14,6 +14,8 @@ from dpbench.methods.spectral_denoise import SpectralDenoise, denoise_matrices, 
 from tests.helpers.config import compose_config, run_config
 from tests.helpers.numerics import assert_matches_reference
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 
 def _low_rank_plus_noise(n: int, m: int, rank: int, signal: float, s: float, seed: int):
     g = torch.Generator().manual_seed(seed)

@@ -18,6 +18,8 @@ from tests.helpers.engines import ONE_POINT
 from tests.helpers.numerics import assert_matches_reference, float64_copy, one_at_a_time_grads
 from tests.helpers.synthetic import write_sst2
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 TINY = ["dataset=sst2", "model=minilm_lora", "dataset.train_size=48", "dataset.test_size=16",
         "dataset.max_length=12", "trainer.batch_size=16", "trainer.epochs=1",
         "trainer.checkpoint=false", "privacy=sigma", "privacy.noise_multiplier=1.0",

@@ -20,6 +20,8 @@ from dpbench.training.checkpoint import (
 )
 from tests.helpers.cli import run_cli
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 RUN = ("method=dpsgd", "dataset=digits", "model=logreg", "trainer.epochs=1",
        "trainer.batch_size=256", "privacy=sigma", "privacy.noise_multiplier=1.0")
 

@@ -18,6 +18,8 @@ import torch
 from dpbench.experiment import build_trainer
 from tests.helpers.config import compose_config
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 
 def _sine_csv(path):
     t = np.arange(400)

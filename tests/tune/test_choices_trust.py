@@ -14,6 +14,8 @@ from dpbench.errors import ConfigError
 from dpbench.privacy.composition import compose_ledgers
 from dpbench.tune.choices import CHOICES_VERSION, apply_tuned, cfg_cell_key, write_choice
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 CELL = ["dataset=digits", "model=logreg", "method=dpsgd", "privacy=eps3", "trainer.epochs=1",
         "trainer.device=cpu"]
 LEDGER = [{"sample_rate": 0.05, "noise_multiplier": 1.0, "queries": [], "steps": 20}]
