@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup lock demo test test-numerics test-data test-device test-full lint format bench clean privacy-audit reproduce reproduce-fiber \
+.PHONY: help setup lock demo test test-quick test-privacy test-numerics test-data test-device test-full lint format bench clean privacy-audit reproduce reproduce-fiber \
         reproduce-dp-adaln reproduce-bounded-adaclip reproduce-dp-ivon reproduce-spectral \
         reproduce-samplers
 
@@ -40,8 +40,22 @@ lock: $(STAMP)  ## re-resolve requirements.lock after a change to pyproject.toml
 demo: $(STAMP)  ## the default DP run, offline, no data root (scikit-learn digits), prints the result
 	env -u DPBENCH_DATA_ROOT WANDB_MODE=offline $(BIN)/dpbench
 
-test: $(STAMP)  ## the test suite CI runs: no data root, no network (slow and data tests excluded)
-	$(BIN)/pytest -m "not slow and not data and not device" -q
+# Tiers (docs/testing.md): test-quick is the edit-test loop, test what CI and the README run,
+# test-privacy the per-method privacy matrix alone (also part of test). WORKERS: pytest-xdist's
+# -n (auto: one worker per core; 0: one process, no xdist); loadgroup keeps the tests of one
+# xdist_group (one shared fixture) on one worker.
+WORKERS ?= auto
+PYTEST  := $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup
+QUICK   := not slow and not data and not device and not privacy_matrix and not integration
+
+test: $(STAMP)  ## the suite CI runs, in parallel: no data root, no network (slow, data, device left out)
+	$(PYTEST) --durations=15 -m "not slow and not data and not device"
+
+test-quick: $(STAMP)  ## unit and structural tests: no whole runs, subprocesses or privacy matrix
+	$(PYTEST) -m "$(QUICK)"
+
+test-privacy: $(STAMP)  ## ledger, sensitivity and audit of every method under every engine
+	$(PYTEST) -m "privacy_matrix and not slow and not data and not device"
 
 # The tests with numerical equalities, on each CPU kernel set PyTorch can pick: another
 # machine's kernels round float32 differently (docs/testing.md).
@@ -52,7 +66,7 @@ CPU_CAPABILITIES ?= default avx2
 test-numerics: $(STAMP)  ## the numerical tests under each ATEN_CPU_CAPABILITY (default, avx2)
 	@set -e; for cap in $(CPU_CAPABILITIES); do \
 	  echo "== ATEN_CPU_CAPABILITY=$$cap"; \
-	  ATEN_CPU_CAPABILITY=$$cap $(BIN)/pytest -m "not slow and not data and not device" -q \
+	  ATEN_CPU_CAPABILITY=$$cap $(PYTEST) -m "not slow and not data and not device" \
 	    -p no:cacheprovider $(NUMERICS_TESTS); \
 	done
 
@@ -63,13 +77,13 @@ test-data: $(STAMP)  ## checks of the real data files under DPBENCH_DATA_ROOT (r
 	@if [ ! -d "$${DPBENCH_DATA_ROOT}" ]; then \
 	  echo "make test-data: DPBENCH_DATA_ROOT=$${DPBENCH_DATA_ROOT} is not a folder" >&2; \
 	  exit 2; fi
-	$(BIN)/pytest -m data -q
+	$(PYTEST) -m data
 
 test-device: $(STAMP)  ## the accelerator checks, on a GPU machine (DPBENCH_TEST_DEVICE, default cuda)
 	$(BIN)/pytest -m device -q
 
 test-full: $(STAMP)  ## every test but the data and device checks, slow ones included
-	$(BIN)/pytest -m "not data and not device" -q
+	$(PYTEST) --durations=15 -m "not data and not device"
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check .
@@ -81,13 +95,13 @@ format: $(STAMP)  ## ruff format + import sort
 bench: $(STAMP)  ## DP step time / non-private step time per model and grad-sample mode
 	$(BIN)/dpbench-bench
 
-# The privacy table over every method's tiny test config (tests/privacy/matrix.py: ledger
+# The privacy table over every method's tiny test config (tests/helpers/privacy_matrix.py: ledger
 # check, sensitivity, audit; ARGS=--canaries N), then the fault and bad-input tests.
 PRIVACY_TESTS := tests/test_bad_input.py tests/training/test_faults.py \
                  tests/privacy/test_ledger_check.py tests/training/test_sensitivity.py tests/audit
 
 privacy-audit: $(STAMP)  ## every method x (ledger check, sensitivity, audit), then the fault tests
-	PYTHONPATH=. nice -n 10 $(BIN)/python -m tests.privacy.matrix $(ARGS)
+	PYTHONPATH=. nice -n 10 $(BIN)/python -m tests.helpers.privacy_matrix $(ARGS)
 	PYTHONPATH=. $(BIN)/python -m pytest -q $(PRIVACY_TESTS)
 
 clean:  ## remove run outputs (keeps .venv)

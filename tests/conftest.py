@@ -1,32 +1,32 @@
-"""Shared fixtures: compose configs the way the CLI does, on CPU, tiny, into tmp_path."""
+"""Shared fixtures (the shared helpers live in tests/helpers/): the real data root, offline W&B."""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
+# absl (under dp-accounting) makes a log handler bound to the sys.stderr of the moment; when
+# Hydra's logging config later shuts all handlers down, absl closes that stream unless it is the
+# *current* sys.stderr, i.e. it closes pytest's capture file ("lost sys.stderr"). Bind it to the
+# real stderr, which absl never closes. absl.logging alone makes the handler: importing it, not
+# dp-accounting (seconds of scipy), keeps collection and narrow runs short.
 try:
-    # absl (under dp-accounting) makes a log handler bound to the sys.stderr of the moment; when
-    # Hydra's logging config later shuts all handlers down, absl closes that stream unless it is
-    # the *current* sys.stderr, i.e. it closes pytest's capture file ("lost sys.stderr"). Bind it
-    # to the real stderr, which absl never closes.
-    import sys as _sys
-
-    import dp_accounting  # noqa: F401
     from absl import logging as _absl_logging
 
-    _absl_logging.get_absl_handler().python_handler.stream = _sys.__stderr__
+    _absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
 except ImportError:  # the dev extra is absent
     pass
 
-from dpbench.config.entry import prepare_hydra
-from dpbench.utils.conf import CONF_DIR
+import torch
 
-REPO = Path(__file__).resolve().parents[1]
-QUIET = ["logger=none", "trainer.progress=false", "trainer.device=cpu"]
+from dpbench.config.entry import prepare_hydra
+
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:  # pytest-xdist: the workers share the cores, one torch pool each
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 
 #: every test composes as the console scripts do, whatever it imported first (the launchers
@@ -34,17 +34,15 @@ QUIET = ["logger=none", "trainer.progress=false", "trainer.device=cpu"]
 prepare_hydra()
 
 
-def compose_config(*overrides: str):
-    """Return the composed config for ``overrides`` (quiet, CPU) like ``dpbench`` would."""
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=[*QUIET, *overrides])
+def pytest_collection_modifyitems(config, items):
+    """Hand out the long tests first (whole runs, then the privacy matrix): xdist's workers then
+    fill their tails with short ones instead of one worker finishing a long run alone. Only the
+    schedule changes; every test is independent of the order (docs/testing.md)."""
+    def tier(item) -> int:
+        return (0 if item.get_closest_marker("integration")
+                else 1 if item.get_closest_marker("privacy_matrix") else 2)
 
-
-def run_config(cfg, run_dir: Path | None = None) -> dict:
-    """Build and fit a trainer for ``cfg``; return its summary."""
-    from dpbench.experiment import build_trainer
-
-    return build_trainer(cfg, run_dir).fit()
+    items.sort(key=tier)  # stable: a module's tests keep their order within a tier
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -87,3 +85,21 @@ def _offline_wandb(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+
+
+@pytest.fixture(autouse=True)
+def _process_state_restored():
+    """Leave the process as the test found it, whatever order or worker runs the next one.
+
+    Code under test may set environment variables (e.g. ``HF_HUB_OFFLINE``) or torch's thread
+    count (a sweep job's share of the cores); a later test must not inherit them.
+    """
+    environ, threads, cwd = dict(os.environ), torch.get_num_threads(), os.getcwd()
+    yield
+    if dict(os.environ) != environ:
+        os.environ.clear()
+        os.environ.update(environ)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    if os.getcwd() != cwd:
+        os.chdir(cwd)

@@ -11,8 +11,10 @@ import pytest
 from dpbench.cli import hydra_main
 from dpbench.methods import METHODS, method_names
 from dpbench.methods.base import DPMethod
-from tests.cli_helpers import run_cli
-from tests.fixtures.synthetic import write_mnist_copy
+from tests.helpers.cli import run_cli
+from tests.helpers.synthetic import write_mnist_copy
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 BASE = ("model.hidden=16", "trainer.epochs=1", "trainer.batch_size=64")
 HYDRA = 1  # Hydra rejects an unknown config group option itself (exit 1, lists the options)
@@ -222,7 +224,7 @@ def test_cuda_on_a_machine_without_cuda(monkeypatch, tmp_path, capfd):
 
 @pytest.mark.parametrize("method", ["nonprivate", "ivon"])
 def test_a_non_private_method_selects_privacy_nonprivate(method):
-    from tests.conftest import compose_config
+    from tests.helpers.config import compose_config
 
     cfg = compose_config(f"method={method}")
     assert cfg.privacy.name == "nonprivate" and cfg.privacy.enabled is False

@@ -11,7 +11,9 @@ import pytest
 
 from dpbench.cli import hydra_main
 from dpbench.errors import ConfigError
-from tests.cli_helpers import run_cli
+from tests.helpers.cli import run_cli
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 BASE = ["dataset=digits", "model=logreg", "method=dpsgd", "privacy=eps3", "trainer.epochs=1"]
 

@@ -18,8 +18,10 @@ from dpbench.config.hydra_guard import check_hydra_command, check_logging_config
 from dpbench.errors import ConfigError
 from dpbench.utils.conf import CONF_DIR
 from dpbench.utils.threads import available_cores
-from tests.cli_helpers import QUIET_CLI, run_cli
-from tests.conftest import compose_config
+from tests.helpers.cli import QUIET_CLI, run_cli
+from tests.helpers.config import compose_config
+
+pytestmark = pytest.mark.integration  # whole runs or processes: make test, not test-quick
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = ["dataset=digits", "model=logreg", "method=dpsgd", "privacy=eps3", "trainer.epochs=1",

@@ -29,8 +29,10 @@ from dpbench.training.preemption import Preempted
 from dpbench.training.run_state import restore_run_state
 from dpbench.tune.choices import CHOICES_VERSION, apply_tuned, cfg_cell_key, write_choice
 from dpbench.utils.mac import write_mac
-from tests.cli_helpers import run_cli
-from tests.conftest import compose_config
+from tests.helpers.cli import run_cli
+from tests.helpers.config import compose_config
+
+pytestmark = pytest.mark.integration  # whole runs or processes: make test, not test-quick
 
 RUN = ["method=dpsgd", "dataset=digits", "model=logreg", "privacy=eps3",
        "trainer.batch_size=256", "trainer.epochs=2"]

@@ -9,6 +9,8 @@ import torch
 
 from dpbench.bench import bench_model, main
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 
 def test_bench_rows_for_dpbench_modes_and_raw_opacus():
     r = bench_model("mlp", ["bk", "hooks"], ["hooks", "ghost"], 8, (1, 8, 8),

@@ -10,7 +10,9 @@ import pytest
 
 from dpbench.analysis.report import build_report
 from dpbench.cli import main
-from tests.results_contract import contract_problems
+from tests.helpers.results_contract import contract_problems
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 QUIET = ["logger=none", "trainer.progress=false", "trainer.device=cpu"]
 

@@ -24,6 +24,8 @@ except ModuleNotFoundError:  # Python 3.10: pip-tools (a dev extra) brings tomli
 
 import pytest
 
+pytestmark = pytest.mark.integration  # whole runs or processes: make test, not test-quick
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SCRIPTS = sorted(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"])

@@ -19,9 +19,11 @@ import os
 import pytest
 import torch
 
-from tests.conftest import compose_config, run_config
-from tests.training.test_bk_engine import _bk, _case, _reference
-from tests.training.test_prefix_cache import _run as _run_text
+from tests.helpers.bk_cases import bk_clipped_sum as _bk
+from tests.helpers.bk_cases import hooks_reference as _reference
+from tests.helpers.bk_cases import tiny_case as _case
+from tests.helpers.config import compose_config, run_config
+from tests.helpers.text_runs import minilm_run as _run_text
 
 pytestmark = pytest.mark.device
 
@@ -103,7 +105,7 @@ def test_a_run_on_the_device_spends_the_cpu_runs_epsilon(method, mode, device, t
 def test_a_resumed_run_on_the_device_continues_the_same_accountant(device, tmp_path):
     """Killed mid-epoch 2 and resumed on the device: the same ledger, steps and epsilon."""
     from dpbench.experiment import build_trainer
-    from tests.training.test_loop import _Crash
+    from tests.helpers.callbacks import Crash as _Crash
 
     def cfg(*extra: str):
         out = compose_config("trainer.epochs=3", *extra)

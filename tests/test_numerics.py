@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.numerics import (
+from tests.helpers.numerics import (
     assert_matches_reference,
     assert_trajectory_matches,
     float64_batch,

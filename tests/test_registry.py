@@ -9,7 +9,7 @@ import pytest
 
 from dpbench.errors import ConfigError
 from dpbench.methods import METHODS, DPMethod, get_method, method_names, register_method
-from tests.conftest import compose_config, run_config
+from tests.helpers.config import compose_config, run_config
 
 
 def test_duplicate_name_is_rejected():

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("wandb", "matplotlib", "transformers", "peft", "torchvision")
 #: composing a config needs the method classes (their settings schemas), not the training loop

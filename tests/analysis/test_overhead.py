@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dpbench.experiment import build_trainer
 from dpbench.runners.overhead import StepTimer
-from tests.conftest import compose_config
+from tests.helpers.config import compose_config
 
 
 def test_step_timer_skips_evaluations_and_reports_a_ratio():

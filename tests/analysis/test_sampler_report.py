@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dpbench.analysis.report import build_report
-from tests.test_report import _record, _write
+from tests.helpers.report_records import record as _record
+from tests.helpers.report_records import write_record_file as _write
 
 
 def test_the_report_keeps_samplers_apart_and_labels_the_poisson_figure_not_valid(tmp_path):

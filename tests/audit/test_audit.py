@@ -5,20 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from dpbench.audit.cli import audit_settings, hydra_main, run_audit
 from dpbench.errors import ConfigError
-from dpbench.utils.conf import CONF_DIR
-from tests.cli_helpers import QUIET_CLI, run_cli
-from tests.method_matrix import all_methods, is_private, method_overrides
+from tests.helpers.audit import audit_config
+from tests.helpers.cli import run_cli
+from tests.helpers.method_matrix import all_methods, is_private, method_overrides
+
+pytestmark = pytest.mark.privacy_matrix  # make test-privacy
 
 SMALL_AUDIT = ("audit.canaries=200", "audit.guesses_included=20", "audit.guesses_excluded=20")
-
-
-def audit_config(*overrides: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("audit", overrides=[*QUIET_CLI, *overrides])
 
 
 @pytest.mark.parametrize("name", all_methods())

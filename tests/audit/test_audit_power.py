@@ -18,8 +18,10 @@ from dpbench.audit.bounds import (
     unsampled_probability,
 )
 from dpbench.audit.cli import hydra_main, run_audit
-from tests.audit.test_audit import audit_config
-from tests.cli_helpers import run_cli
+from tests.helpers.audit import audit_config
+from tests.helpers.cli import run_cli
+
+pytestmark = pytest.mark.privacy_matrix  # make test-privacy
 
 DEFAULT_RUN = ("method=dpsgd", "dataset=digits", "model=mlp")
 

@@ -11,7 +11,9 @@ from hydra import compose, initialize_config_dir
 
 from dpbench.audit.mia.cli import hydra_main, run_mia
 from dpbench.utils.conf import CONF_DIR
-from tests.cli_helpers import QUIET_CLI, run_cli
+from tests.helpers.cli import QUIET_CLI, run_cli
+
+pytestmark = pytest.mark.integration  # whole runs or processes: make test, not test-quick
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ("mia.pool_size=60", "mia.population_size=30", "mia.references=2", "mia.bootstrap=20",

@@ -84,7 +84,7 @@ def test_empty_file(tmp_path):
 
 def test_cli_refuses_a_bad_csv_before_training(tmp_path, monkeypatch, capfd):
     from dpbench.cli import hydra_main
-    from tests.cli_helpers import run_cli
+    from tests.helpers.cli import run_cli
 
     frame = _frame().astype({"a": object})
     frame.loc[3, "a"] = "1,5"

@@ -8,7 +8,7 @@ import pytest
 
 from dpbench.data.generation import build_dart, build_e2e, build_sst2_gen
 from dpbench.errors import DataError
-from tests.fixtures.synthetic import dart_rows, e2e_rows, write_sst2
+from tests.helpers.synthetic import dart_rows, e2e_rows, write_sst2
 
 
 def test_sst2_gen_labels_cover_the_target_only(tmp_path):

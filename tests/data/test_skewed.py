@@ -9,7 +9,7 @@ import torch
 from dpbench.data.skewed import build_skewed_mnist, skew_indices
 from dpbench.data.vision import build_mnist
 from dpbench.errors import ConfigError
-from tests.fixtures.synthetic import write_mnist_copy
+from tests.helpers.synthetic import write_mnist_copy
 
 
 def test_skew_indices_counts():

@@ -16,7 +16,7 @@ from dpbench.data.tabular import (
     scale_fixed,
 )
 from dpbench.errors import ConfigError
-from tests.fixtures.synthetic import write_adult, write_celeba, write_dutch
+from tests.helpers.synthetic import write_adult, write_celeba, write_dutch
 
 
 def test_one_hot_is_fixed_by_the_schema_not_the_data():

@@ -9,7 +9,7 @@ import torch
 
 from dpbench.data.text import build_glue
 from dpbench.errors import DataError
-from tests.fixtures.synthetic import write_mnli, write_qnli, write_sst2
+from tests.helpers.synthetic import write_mnli, write_qnli, write_sst2
 
 
 def test_sst2_subset_is_fixed_and_tokenised(tmp_path):

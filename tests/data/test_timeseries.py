@@ -11,7 +11,7 @@ from dpbench.data import get_dataset_builder
 from dpbench.data.timeseries import WindowSpec, draw_target_mask
 from dpbench.errors import ConfigError
 from dpbench.tasks.ts_diffusion import TimeSeriesDiffusion
-from tests.fixtures.synthetic import write_ett
+from tests.helpers.synthetic import write_ett
 
 
 def test_etth1_split_windows_and_public_scaling(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from dpbench.data import get_dataset_builder
 from dpbench.errors import ConfigError
 from dpbench.experiment import build_trainer
-from tests.conftest import compose_config
+from tests.helpers.config import compose_config
 
 WINDOW = 8
 

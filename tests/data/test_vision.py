@@ -17,7 +17,7 @@ from dpbench.data.vision import (
     build_mnist,
 )
 from dpbench.errors import DataError
-from tests.fixtures.synthetic import (
+from tests.helpers.synthetic import (
     digit_images,
     idx_bytes,
     write_cifar10_jpegs,

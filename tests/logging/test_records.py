@@ -11,7 +11,7 @@ import sys
 import torch
 
 from dpbench.logging.records import environment
-from tests.results_contract import ENVIRONMENT_KEYS
+from tests.helpers.results_contract import ENVIRONMENT_KEYS
 
 
 def test_environment_names_the_versions_device_threads_and_cpu_kernels():

@@ -11,7 +11,9 @@ from dpbench.errors import ConfigError
 from dpbench.methods.adaclip import COUNT_QUERY, AdaClip, geometric_update, gradient_sigma
 from dpbench.methods.base import StepContext
 from dpbench.privacy.ledger import Query, combined_noise_multiplier
-from tests.conftest import compose_config, run_config
+from tests.helpers.config import compose_config, run_config
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 TINY = ["dataset=digits", "model=logreg", "trainer.epochs=1", "trainer.batch_size=200",
         "trainer.checkpoint=false", "privacy=sigma", "privacy.noise_multiplier=1.3"]

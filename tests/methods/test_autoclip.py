@@ -8,7 +8,9 @@ import torch
 from dpbench.errors import ConfigError
 from dpbench.methods.autoclip import AutoClip
 from dpbench.methods.base import StepContext
-from tests.conftest import compose_config, run_config
+from tests.helpers.config import compose_config, run_config
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 CTX = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=5.0,
                   expected_batch_size=10.0, sample_rate=0.1, dataset_size=100, total_steps=1)

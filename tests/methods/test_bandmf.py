@@ -20,9 +20,11 @@ from dpbench.training.sampling import (
     cyclic_poisson_loader,
     fixed_partitions,
 )
-from tests.conftest import compose_config
-from tests.method_matrix import method_overrides
-from tests.privacy.test_ledger_check import check_ledger
+from tests.helpers.config import compose_config
+from tests.helpers.ledger import check_ledger
+from tests.helpers.method_matrix import method_overrides
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 AS_DPSGD = ("method.optimizer.lr=1.0", "method.optimizer.momentum=0.0")
 

@@ -18,8 +18,10 @@ from dpbench.methods.base import DPMethod, Mechanism, Update
 from dpbench.methods.hooks import PRIVACY_HOOKS, UPDATE_HOOKS
 from dpbench.training.loop import Trainer
 from dpbench.training.step import clipped_aggregate, private_release
-from tests.conftest import compose_config
-from tests.method_matrix import method_overrides
+from tests.helpers.config import compose_config
+from tests.helpers.method_matrix import method_overrides
+
+pytestmark = pytest.mark.integration  # whole runs or processes: make test, not test-quick
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,9 @@ import pytest
 
 from dpbench.errors import ConfigError
 from dpbench.experiment import build_trainer
-from tests.conftest import compose_config
+from tests.helpers.config import compose_config
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 # a large eta_C makes C_t move fast, so a floor at the unbounded run's median binds
 SHRINK = ["dataset=digits", "model=logreg", "trainer.epochs=2", "trainer.batch_size=100",

@@ -14,8 +14,15 @@ from dpbench.methods.dpadamw import DPAdamW
 from dpbench.tasks.classification import Classification
 from dpbench.training.engine.choice import build_engine
 from dpbench.training.step import plan_at, private_release
-from tests.methods._helpers import ctx, info, params_like, released_stream, run_post_release, set_up
-from tests.numerics import assert_matches_reference
+from tests.helpers.method_steps import (
+    ctx,
+    info,
+    params_like,
+    released_stream,
+    run_post_release,
+    set_up,
+)
+from tests.helpers.numerics import assert_matches_reference
 
 ADAMW = functools.partial(torch.optim.AdamW, lr=0.01, weight_decay=0.01)
 

@@ -8,7 +8,9 @@ import torch
 from dpbench.methods import get_method
 from dpbench.methods.base import RunInfo, StepContext
 from dpbench.methods.ivon import IVONOptimizer, noise_corrected_square
-from tests.conftest import compose_config, run_config
+from tests.helpers.config import compose_config, run_config
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 
 def test_noise_corrected_square_is_unbiased_for_the_clean_square():

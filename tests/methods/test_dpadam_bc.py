@@ -9,8 +9,8 @@ import torch
 
 from dpbench.errors import ConfigError
 from dpbench.methods.dpadam_bc import AdamBC, DPAdamBC
-from tests.methods._helpers import ctx, params_like, released_stream, run_post_release, set_up
-from tests.numerics import SAFETY, assert_matches_reference, assert_trajectory_matches
+from tests.helpers.method_steps import ctx, params_like, released_stream, run_post_release, set_up
+from tests.helpers.numerics import SAFETY, assert_matches_reference, assert_trajectory_matches
 
 
 def test_adambc_without_correction_equals_torch_adamw():

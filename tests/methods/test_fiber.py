@@ -10,8 +10,17 @@ import torch
 from dpbench.errors import ConfigError
 from dpbench.methods.dpadam_bc import AdamBC, DPAdamBC
 from dpbench.methods.fiber import FIBER, ema_noise_gain, innovation_noise_gain
-from tests.conftest import compose_config, run_config
-from tests.methods._helpers import ctx, info, params_like, released_stream, run_post_release, set_up
+from tests.helpers.config import compose_config, run_config
+from tests.helpers.method_steps import (
+    ctx,
+    info,
+    params_like,
+    released_stream,
+    run_post_release,
+    set_up,
+)
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 ADAMBC = functools.partial(AdamBC, lr=0.01, weight_decay=0.01, eps_v=1e-6)
 
@@ -148,7 +157,7 @@ def test_ghost_clipping_is_refused_before_training():
 def test_resume_mid_run_equals_uninterrupted(tmp_path, method):
     """theta_{t-1}, g~ and r survive the checkpoint: a killed run resumes bit-identically."""
     from dpbench.experiment import build_trainer
-    from tests.training.test_loop import _Crash
+    from tests.helpers.callbacks import Crash as _Crash
 
     overrides = [f"method={method}", "model=logreg", "dataset=digits", "trainer.epochs=2",
                  "trainer.batch_size=64"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import compose_config
+from tests.helpers.config import compose_config
 
 PRESETS = {"fiber_mnist_cpu": ("mnist", "cnn2"), "fiber_mnist": ("mnist", "cnn2"),
            "fiber_fashion_mnist": ("fashion_mnist", "cnn2"),

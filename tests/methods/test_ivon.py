@@ -13,8 +13,8 @@ from dpbench.methods import get_method
 from dpbench.methods.base import RunInfo, StepContext
 from dpbench.methods.ivon import IVON, IVONOptimizer
 from dpbench.utils.tensors import parameters_at
-from tests.conftest import compose_config, run_config
-from tests.numerics import SAFETY, assert_matches_reference
+from tests.helpers.config import compose_config, run_config
+from tests.helpers.numerics import SAFETY, assert_matches_reference
 
 # hess_init exact in float32: ivon-opt adds it as a float32 tensor even to float64 buffers
 HYPER = dict(lr=0.05, hess_init=0.25, beta1=0.9, beta2=0.99, weight_decay=1e-3)

@@ -14,7 +14,7 @@ from dpbench.methods.dpadam_bc import AdamBC, DPAdamBC, NoiseCorrectedAdam
 from dpbench.methods.fiber import FIBER
 from dpbench.methods.mechanism import PRIVACY_HOOKS
 from dpbench.methods.update import UPDATE_HOOKS
-from tests.methods._helpers import ctx, params_like, set_up
+from tests.helpers.method_steps import ctx, params_like, set_up
 
 #: the hooks whose result enters the release or the accountant: sampling, the points where
 #: gradients are taken, clipping and its bound, the noise multiplier and shape, extra queries

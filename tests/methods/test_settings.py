@@ -17,8 +17,8 @@ from dpbench.errors import ConfigError
 from dpbench.experiment import build_method, build_trainer
 from dpbench.methods import get_method, method_names
 from dpbench.utils.conf import CONF_DIR
-from tests.cli_helpers import run_cli
-from tests.conftest import compose_config
+from tests.helpers.cli import run_cli
+from tests.helpers.config import compose_config
 
 METHODS = method_names()
 WITH_YAML = [m for m in METHODS if (Path(CONF_DIR) / "method" / f"{m}.yaml").is_file()]

@@ -11,8 +11,10 @@ import torch
 from dpbench.errors import ConfigError
 from dpbench.methods.base import StepContext
 from dpbench.methods.spectral_denoise import SpectralDenoise, denoise_matrices, optimal_shrinkage
-from tests.conftest import compose_config, run_config
-from tests.numerics import assert_matches_reference
+from tests.helpers.config import compose_config, run_config
+from tests.helpers.numerics import assert_matches_reference
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 
 def _low_rank_plus_noise(n: int, m: int, rank: int, signal: float, s: float, seed: int):

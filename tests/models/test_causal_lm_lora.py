@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dpbench.experiment import build_trainer
-from tests.conftest import compose_config
-from tests.fixtures.synthetic import write_sst2
+from tests.helpers.config import compose_config
+from tests.helpers.synthetic import write_sst2
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 
 def test_tiny_causal_lm_lora_trains_and_generates(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import torch
 from opacus import GradSampleModule
 
 from dpbench.models.dit import AdaLNZeroBlock, Bounds, TimeSeriesDiT
-from tests.numerics import (
+from tests.helpers.numerics import (
     assert_matches_reference,
     float64_batch,
     float64_copy,

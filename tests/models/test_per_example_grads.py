@@ -14,8 +14,8 @@ from dpbench.models import get_model_builder, model_names
 from dpbench.tasks import get_task
 from dpbench.training.engine.choice import build_engine
 from dpbench.training.engine.materialised import flat_norms
-from tests.engines import ONE_POINT
-from tests.numerics import assert_matches_reference, float64_copy, one_at_a_time_grads
+from tests.helpers.engines import ONE_POINT
+from tests.helpers.numerics import assert_matches_reference, float64_copy, one_at_a_time_grads
 
 #: input shape per classification model for this check; models of other tasks test themselves
 SHAPES = {"mlp": (1, 8, 8), "logreg": (1, 8, 8), "cnn2": (1, 28, 28), "resnet18": (3, 32, 32)}

@@ -13,10 +13,12 @@ from dpbench.experiment import build_trainer
 from dpbench.models.transformer_lora import minilm_lora
 from dpbench.training.engine.choice import build_engine
 from dpbench.utils.pretrained import from_pretrained
-from tests.conftest import compose_config
-from tests.engines import ONE_POINT
-from tests.fixtures.synthetic import write_sst2
-from tests.numerics import assert_matches_reference, float64_copy, one_at_a_time_grads
+from tests.helpers.config import compose_config
+from tests.helpers.engines import ONE_POINT
+from tests.helpers.numerics import assert_matches_reference, float64_copy, one_at_a_time_grads
+from tests.helpers.synthetic import write_sst2
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 TINY = ["dataset=sst2", "model=minilm_lora", "dataset.train_size=48", "dataset.test_size=16",
         "dataset.max_length=12", "trainer.batch_size=16", "trainer.epochs=1",

@@ -8,7 +8,7 @@ import pytest
 
 from dpbench.privacy import PrivacyAccountant, calibrate_noise_multiplier, default_delta
 from dpbench.privacy.ledger import PrivacyLedger, Query, combined_noise_multiplier
-from tests.conftest import compose_config, run_config
+from tests.helpers.config import compose_config, run_config
 
 
 @pytest.mark.parametrize("n,expected", [(1438, 1e-5), (60000, 1e-5), (50, 1e-5), (99999, 1e-5),

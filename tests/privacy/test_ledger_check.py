@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -10,36 +11,13 @@ from dpbench.privacy.events import from_json, run_event, to_json
 from dpbench.privacy.verify import (
     event_epsilon,
     event_pld_epsilon,
-    ledger_noise_multiplier,
     pld_epsilon,
 )
-from tests.conftest import compose_config, run_config
-from tests.method_matrix import is_private, method_mode_params, method_overrides
+from tests.helpers.config import compose_config, run_config
+from tests.helpers.ledger import check_ledger
+from tests.helpers.method_matrix import is_private, method_mode_params, method_overrides
 
-#: the run's accountant and this check's PLD are upper bounds discretised differently (the
-#: run's pld groups steps and uses a coarser grid; prv is Opacus's); the reported epsilon
-#: may sit this much below the check's before we call it under-reported
-UNDER_TOLERANCE = 0.01
-#: and no more than this factor above it (RDP is looser than PLD)
-OVER_FACTOR = {"pld": 1.02, "prv": 1.05, "rdp": 1.5}
-
-
-def check_ledger(summary: dict) -> float:
-    """Assert the ledger matches the run and its epsilon; return the PLD epsilon."""
-    ledger = summary["privacy_ledger"]
-    bands = summary.get("participation_bands", 1)  # cyclic Poisson: DP-SGD at b q, T / b steps
-    assert sum(e["steps"] for e in ledger) == math.ceil(summary["steps"] / bands)
-    for entry in ledger:
-        assert entry["sample_rate"] == pytest.approx(bands * summary["sample_rate"], rel=1e-12)
-        sigma = ledger_noise_multiplier(entry)
-        assert sigma == pytest.approx(entry["noise_multiplier"], rel=1e-9)
-        assert sigma >= summary["noise_multiplier"] * (1 - 1e-9)  # never less noise than planned
-    eps_pld = pld_epsilon(ledger, summary["delta"])
-    eps = summary["epsilon"]
-    assert eps >= eps_pld * (1 - UNDER_TOLERANCE), f"under-reported: {eps} < PLD {eps_pld}"
-    assert eps <= eps_pld * OVER_FACTOR[summary["accountant"]] + 0.02, \
-        f"epsilon {eps} far above PLD {eps_pld}"
-    return eps_pld
+pytestmark = pytest.mark.privacy_matrix  # make test-privacy
 
 
 def check_event(summary: dict, cyclic: bool = False) -> None:
@@ -74,17 +52,28 @@ def test_reported_epsilon_matches_independent_pld(name, mode, tmp_path):
     assert eps_pld <= summary["target_epsilon"] * 1.02
 
 
-def test_ledger_check_catches_a_missing_step(tmp_path):
+@pytest.fixture(scope="module")
+def dpsgd_summary(tmp_path_factory) -> dict:
+    """One tiny DP-SGD run; each negative control corrupts its own copy of the summary."""
+    summary = run_config(compose_config(*method_overrides("dpsgd")),
+                         tmp_path_factory.mktemp("dpsgd"))
+    check_ledger(copy.deepcopy(summary))  # the honest ledger passes
+    return summary
+
+
+@pytest.mark.xdist_group("ledger_dpsgd")  # --dist loadgroup: one worker runs it once
+def test_ledger_check_catches_a_missing_step(dpsgd_summary):
     """Negative control: a ledger that hides one step's release fails the check."""
-    summary = run_config(compose_config(*method_overrides("dpsgd")), tmp_path)
+    summary = copy.deepcopy(dpsgd_summary)
     summary["privacy_ledger"][0]["steps"] -= 1
     with pytest.raises(AssertionError):
         check_ledger(summary)
 
 
-def test_ledger_check_catches_an_understated_noise(tmp_path):
+@pytest.mark.xdist_group("ledger_dpsgd")
+def test_ledger_check_catches_an_understated_noise(dpsgd_summary):
     """Negative control: an accountant told a larger sigma than was released under-reports."""
-    summary = run_config(compose_config(*method_overrides("dpsgd")), tmp_path)
+    summary = copy.deepcopy(dpsgd_summary)
     for q in summary["privacy_ledger"][0]["queries"]:
         q["noise_std"] *= 0.5  # what was really released: half the noise
     with pytest.raises(AssertionError):

@@ -12,7 +12,9 @@ import torch
 from dpbench.data import get_dataset_builder
 from dpbench.models.dit import time_series_dit
 from dpbench.tasks.ts_diffusion import TimeSeriesDiffusion
-from tests.conftest import compose_config, run_config
+from tests.helpers.config import compose_config, run_config
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 TINY = ["model=dit", "model.hidden=8", "model.depth=1", "trainer.batch_size=16",
         "trainer.checkpoint=false", "dataset.window=8", "dataset.test_stride=8",

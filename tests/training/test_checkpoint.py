@@ -19,7 +19,9 @@ from dpbench.training.checkpoint import (
     to_plain,
 )
 from dpbench.utils.mac import write_mac
-from tests.cli_helpers import run_cli
+from tests.helpers.cli import run_cli
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 RUN = ("method=dpsgd", "dataset=digits", "model=logreg", "trainer.epochs=1",
        "trainer.batch_size=256", "privacy=sigma", "privacy.noise_multiplier=1.0")

@@ -9,9 +9,7 @@ to the order of float32 summation.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,24 +21,16 @@ from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from dpbench.experiment import build_trainer
 from dpbench.training.checkpoint import load_checkpoint
 from dpbench.training.distributed import Collective, ShardedBatchSampler
-from tests.conftest import QUIET, compose_config
+from tests.helpers.config import QUIET, compose_config
+from tests.helpers.distributed import torchrun_command as _torchrun
+from tests.helpers.distributed import torchrun_env as _env
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = ["dataset=digits", "model=mlp", "trainer.epochs=3", "trainer.batch_size=64",
        "trainer.num_threads=1", *QUIET]
 EPS = torch.finfo(torch.float32).eps
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
-
-
-def _torchrun(overrides: list[str], run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            "-m", "dpbench", *overrides, f"hydra.run.dir={run_dir}"]
 
 
 @pytest.mark.parametrize("world", [2, 3])

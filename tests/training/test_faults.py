@@ -19,8 +19,10 @@ from dpbench.errors import TrainingDiverged
 from dpbench.experiment import build_trainer
 from dpbench.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from dpbench.utils.io import atomic_write_json
-from tests.cli_helpers import QUIET_CLI, run_cli
-from tests.conftest import REPO, compose_config
+from tests.helpers.cli import QUIET_CLI, run_cli
+from tests.helpers.config import REPO, compose_config
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 RUN = ("model.hidden=16", "trainer.batch_size=32", "trainer.epochs=3")
 

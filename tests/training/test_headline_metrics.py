@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from dpbench.experiment import build_trainer
-from tests.conftest import compose_config
+from tests.helpers.config import compose_config
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 
 def _sine_csv(path):

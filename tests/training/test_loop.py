@@ -9,8 +9,11 @@ from opacus.data_loader import DPDataLoader
 from dpbench.experiment import build_trainer
 from dpbench.training.loop import Callback
 from dpbench.utils.seeding import stream_generator
-from tests.conftest import compose_config, run_config
-from tests.numerics import assert_trajectory_matches, float64_copy
+from tests.helpers.callbacks import Crash
+from tests.helpers.config import compose_config, run_config
+from tests.helpers.numerics import assert_trajectory_matches, float64_copy
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 
 class _Trajectory(Callback):
@@ -25,7 +28,7 @@ class _Trajectory(Callback):
 
 def test_nonprivate_equals_plain_sgd_on_the_same_batches():
     """The loop's non-private run follows plain SGD in float64 on the same batches, step by
-    step, within a rounding bound that grows with the steps (tests/numerics.py)."""
+    step, within a rounding bound that grows with the steps (tests/helpers/numerics.py)."""
     cfg = compose_config("method=nonprivate", "trainer.epochs=2", "trainer.batch_size=100",
                          "trainer.checkpoint=false")
     trajectory = _Trajectory()
@@ -50,25 +53,12 @@ def test_nonprivate_equals_plain_sgd_on_the_same_batches():
     assert trainer.summary()["epsilon"] == float("inf")
 
 
-class _Crash(Callback):
-    """Simulates a kill in the middle of epoch ``epoch`` (after ``after`` steps of it)."""
-
-    def __init__(self, epoch: int, after: int) -> None:
-        self.epoch, self.after, self.seen = epoch, after, 0
-
-    def on_step_end(self, trainer, metrics):
-        if trainer.epoch == self.epoch - 1:
-            self.seen += 1
-            if self.seen == self.after:
-                raise KeyboardInterrupt("simulated kill")
-
-
 @pytest.mark.parametrize("method", ["dpsgd", "dpadam", "dp_ivon"])  # dp_ivon: method stream
 def test_resume_after_kill_equals_uninterrupted(tmp_path, method):
     overrides = [f"method={method}", "trainer.epochs=3"]
     full = run_config(compose_config(*overrides), tmp_path / "full")
     crashed_dir = tmp_path / "crashed"
-    trainer = build_trainer(compose_config(*overrides), crashed_dir, [_Crash(epoch=2, after=4)])
+    trainer = build_trainer(compose_config(*overrides), crashed_dir, [Crash(epoch=2, after=4)])
     with pytest.raises(KeyboardInterrupt):
         trainer.fit()
     assert trainer.step > trainer.plan.steps_per_epoch  # killed mid-epoch 2

@@ -14,7 +14,9 @@ from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
 from dpbench.training.engine.choice import build_engine
 from dpbench.training.step import plan_at, private_release
-from tests.conftest import compose_config
+from tests.helpers.config import compose_config
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 RUN = ("model.hidden=16", "trainer.batch_size=64", "trainer.epochs=2")
 BAD_ROWS = (3, 11)  # rows of the step-level batch whose features are NaN

@@ -22,8 +22,10 @@ from dpbench.training.engine import choice as engines
 from dpbench.training.engine.materialised import clip_materialised
 from dpbench.training.engine.protocol import ClippedSum
 from dpbench.training.engine.rules.linear import LinearRule
-from tests.conftest import compose_config
-from tests.method_matrix import TINY
+from tests.helpers.config import compose_config
+from tests.helpers.method_matrix import TINY
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 
 def _cfg(*overrides: str):
@@ -183,9 +185,9 @@ def test_the_audit_and_a_cached_prefix_run_the_check():
     from dpbench.audit.cli import run_audit
     from dpbench.training.prefix_cache import PrefixCachedModel
     from dpbench.utils.conf import CONF_DIR
-    from tests.cli_helpers import QUIET_CLI
-    from tests.method_matrix import method_overrides
-    from tests.training.test_prefix_cache import _run as _cached_run
+    from tests.helpers.cli import QUIET_CLI
+    from tests.helpers.method_matrix import method_overrides
+    from tests.helpers.text_runs import minilm_run as _cached_run
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("audit", overrides=[*QUIET_CLI, *method_overrides("dpsgd"),

@@ -13,8 +13,13 @@ import torch
 from dpbench.errors import ConfigError
 from dpbench.experiment import build_trainer
 from dpbench.training.step import SENSITIVITY_SLACK
-from tests.conftest import compose_config
-from tests.training.test_sensitivity import ADVERSARIAL_SCALE, _aggregate, _distance, _scaled
+from tests.helpers.config import compose_config
+from tests.helpers.sensitivity import ADVERSARIAL_SCALE
+from tests.helpers.sensitivity import aggregate as _aggregate
+from tests.helpers.sensitivity import distance as _distance
+from tests.helpers.sensitivity import scaled as _scaled
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 TINY = ["dataset=digits", "model=mlp", "trainer.epochs=1", "trainer.batch_size=32"]
 BF16 = torch.finfo(torch.bfloat16).eps  # 2^-7: one bf16 rounding, relative

@@ -21,7 +21,9 @@ import torch
 
 from dpbench.training.checkpoint import load_checkpoint
 from dpbench.training.preemption import PREEMPTED_EXIT_CODE
-from tests.conftest import QUIET
+from tests.helpers.config import QUIET
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = ["dataset=digits", "model=mlp", "trainer.batch_size=16", "trainer.num_threads=1",

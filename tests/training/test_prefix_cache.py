@@ -4,53 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import TensorDataset
 
-from dpbench.config.schema import PrivacyConfig, TrainerConfig
-from dpbench.data.base import TaskData
 from dpbench.errors import ConfigError
-from dpbench.methods import get_method
 from dpbench.models.transformer_lora import minilm_lora
-from dpbench.tasks.text import TextClassification
 from dpbench.training.loop import Trainer
 from dpbench.training.prefix_cache import PrefixCachedModel, maybe_cache_prefix
-from tests.numerics import SAFETY, assert_matches_reference
+from tests.helpers.numerics import SAFETY, assert_matches_reference
+from tests.helpers.text_runs import minilm_run, token_data
 
-
-def _data(n: int = 40, length: int = 10) -> TaskData:
-    """Token ids of the real tokenizer's vocabulary with varied padding, and labels."""
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(1000, 5000, (n, length), generator=gen)
-    mask = torch.ones(n, length, dtype=torch.long)
-    for i in range(n):
-        mask[i, 4 + i % (length - 4):] = 0
-    ids = ids * mask
-    labels = torch.randint(0, 2, (n,), generator=gen)
-    cut = 3 * n // 4
-    return TaskData(name="tokens", task="text_classification",
-                    train=TensorDataset(ids[:cut], mask[:cut], labels[:cut]),
-                    test=TensorDataset(ids[cut:], mask[cut:], labels[cut:]), num_classes=2,
-                    input_shape=(length,))
-
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 #: the longest inner product behind a LoRA gradient entry: MiniLM's hidden width
 REDUCTION = 384
-
-
-def _run(cache: str, mode: str = "hooks", device: str = "cpu",
-         dtype: torch.dtype = torch.float32) -> tuple[Trainer, dict]:
-    torch.manual_seed(0)
-    model = minilm_lora((10,), 2, layers=[4, 5]).to(dtype)
-    data = _data()
-    trainer = Trainer(method=get_method("dplora")(optimizer=torch.optim.Adam), model=model,
-                      task=TextClassification(data), data=data,
-                      privacy=PrivacyConfig(noise_multiplier=1.0, target_epsilon=None,
-                                              accountant="rdp"),
-                      trainer=TrainerConfig(epochs=2, batch_size=10, checkpoint=False,
-                                            progress=False, device=device,
-                                            grad_sample_mode=mode, cache_frozen_prefix=cache),
-                      seed=3)
-    return trainer, trainer.fit()
 
 
 def _trained(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -61,7 +26,7 @@ def _trained(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 def _test_margins(trainer: Trainer) -> torch.Tensor:
     """Return each test example's gap between the two largest logits."""
-    ids, mask, _ = _data().test.tensors
+    ids, mask, _ = token_data().test.tensors
     with torch.no_grad():
         top2 = trainer.model(input_ids=ids, attention_mask=mask).topk(2, dim=1).values
     return top2[:, 0] - top2[:, 1]
@@ -73,9 +38,9 @@ def test_cached_run_equals_uncached_run(mode):
     within a bound that grows with the steps; their accuracies equal its accuracy, as no test
     example lies within rounding of the decision boundary."""
     torch.set_num_threads(1)
-    cached, with_cache = _run("on", mode)
-    plain, without = _run("off", mode)
-    exact, reference = _run("off", mode, dtype=torch.float64)
+    cached, with_cache = minilm_run("on", mode)
+    plain, without = minilm_run("off", mode)
+    exact, reference = minilm_run("off", mode, dtype=torch.float64)
     assert cached.data.train.tensors[0].dtype == torch.float32  # features, not token ids
     assert isinstance(cached.model, PrefixCachedModel)
     ref = _trained(exact)
@@ -94,7 +59,7 @@ def test_cached_run_equals_uncached_run(mode):
 
 
 def test_cache_modes():
-    model, data = minilm_lora((10,), 2, layers=[4, 5]), _data()
+    model, data = minilm_lora((10,), 2, layers=[4, 5]), token_data()
     cached, new = maybe_cache_prefix(model, data, torch.device("cpu"), "auto", 16)
     assert isinstance(cached, PrefixCachedModel) and len(new.train) == len(data.train)
     assert model.frozen_depth() == 4

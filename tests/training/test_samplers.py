@@ -19,8 +19,11 @@ from dpbench.training.checkpoint import load_checkpoint
 from dpbench.training.distributed import Collective, ShardedBatchSampler
 from dpbench.training.preemption import Preempted
 from dpbench.training.sampling import SAMPLERS, FixedSizeSampler, ShuffleSampler
-from tests.conftest import compose_config
-from tests.training.test_distributed import _env, _torchrun
+from tests.helpers.config import compose_config
+from tests.helpers.distributed import torchrun_command as _torchrun
+from tests.helpers.distributed import torchrun_env as _env
+
+pytestmark = pytest.mark.integration  # whole runs or processes: make test, not test-quick
 
 N, B = 500, 20
 STEPS = N // B  # steps per epoch, as the plan sets them

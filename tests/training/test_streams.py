@@ -10,7 +10,9 @@ import torch
 
 from dpbench.errors import ConfigError
 from dpbench.experiment import build_trainer
-from tests.conftest import compose_config
+from tests.helpers.config import compose_config
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 RUN = ("model.hidden=16", "trainer.batch_size=64", "trainer.epochs=1",
        "trainer.checkpoint=false")

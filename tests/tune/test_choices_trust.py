@@ -14,6 +14,8 @@ from dpbench.errors import ConfigError
 from dpbench.privacy.composition import compose_ledgers
 from dpbench.tune.choices import CHOICES_VERSION, apply_tuned, cfg_cell_key, write_choice
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 CELL = ["dataset=digits", "model=logreg", "method=dpsgd", "privacy=eps3", "trainer.epochs=1",
         "trainer.device=cpu"]
 # sigma 0.8 at q 0.05 for 20 steps spends 3.38 >= the cell's target 3, as a calibrated trial does
@@ -158,7 +160,7 @@ def test_the_dpbench_command_refuses_a_hostile_choice_before_any_work(tmp_path, 
     """The reported attack: an optimiser _target_ in a shared choices file. Exit 2, one line,
     nothing run and no run folder left."""
     from dpbench.cli import hydra_main
-    from tests.cli_helpers import run_cli
+    from tests.helpers.cli import run_cli
 
     marker = tmp_path / "pwned"
     choice = _accounted_choice(key)

@@ -24,6 +24,8 @@ from dpbench.tune.search import (
 )
 from dpbench.utils.seeding import stream_seed
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 CELL = ["dataset=digits", "model=logreg", "method=dpsgd", "privacy=eps3", "trainer.epochs=1",
         "trainer.device=cpu"]
 RANDOM = {"strategy": "random", "trials": 4, "lr_range": (0.05, 2.0),

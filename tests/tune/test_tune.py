@@ -20,6 +20,8 @@ from dpbench.tune.choices import apply_tuned, cell_key, write_choice
 from dpbench.tune.cli import main, train
 from dpbench.tune.search import TuneSettings, expand_cells, search_cell, spawn_seeds
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 CELL = ["dataset=digits", "model=logreg", "method=dpsgd", "privacy=eps3", "trainer.epochs=1",
         "trainer.device=cpu"]
 

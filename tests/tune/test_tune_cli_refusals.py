@@ -13,6 +13,8 @@ from dpbench.config.compose import compose_config
 from dpbench.tune.cli import main
 from dpbench.utils.lock import RunDirLock
 
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+
 CELL = ["dataset=digits", "model=logreg", "method=dpsgd", "privacy=eps3", "trainer.epochs=1",
         "trainer.device=cpu"]
 

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from dpbench.training.engine.rules import Call, rule_for, unsupported_reason
-from tests.numerics import assert_matches_reference, tolerance
-from tests.training import engine_grid as families
+from tests.helpers import engine_grid as families
+from tests.helpers.numerics import assert_matches_reference, tolerance
 
 Case = families.Case
 #: a parameter whose reference sum is below this fraction of the whole sum's norm is held to

@@ -29,9 +29,9 @@ from dpbench.training.engine.choice import (
 )
 from dpbench.training.step import clipped_aggregate, plan_at
 from dpbench.utils.tensors import parameters_at
-from tests.engines import ONE_POINT
-from tests.numerics import assert_matches_reference
-from tests.training import engine_grid as grid
+from tests.helpers import engine_grid as grid
+from tests.helpers.engines import ONE_POINT
+from tests.helpers.numerics import assert_matches_reference
 
 RELATIVE = 1e-5
 

@@ -15,7 +15,7 @@ from packaging.utils import canonicalize_name
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+; the lock is resolved on 3.11
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXTRAS = ("dev", "llm")  # what make setup installs
 
 

@@ -15,9 +15,9 @@ from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
 from dpbench.training.engine.choice import build_engine, choose_grad_sample_mode
 from dpbench.training.step import clipped_aggregate, plan_at
-from tests.conftest import compose_config
-from tests.method_matrix import TINY
-from tests.numerics import assert_matches_reference, float64_batch, float64_copy
+from tests.helpers.config import compose_config
+from tests.helpers.method_matrix import TINY
+from tests.helpers.numerics import assert_matches_reference, float64_batch, float64_copy
 
 
 def _trainer(*overrides: str):

@@ -5,7 +5,7 @@ is chosen and passes the per-run check exactly as a run's would), with only what
 clone offline cannot have replaced, never the model's layers:
 
 * data: synthetic files in each loader's real format under ``paths.data_root``
-  (``tests/fixtures/synthetic.py``; E2E through a stand-in for Hugging Face ``datasets``),
+  (``tests/helpers/synthetic.py``; E2E through a stand-in for Hugging Face ``datasets``),
   training subsets off (the files are small), batch sizes capped at 16 (and the adaptive
   threshold's count noise ``sigma_b`` raised, which the smaller data set otherwise pushes
   below the gradient's sigma / 2);
@@ -29,8 +29,10 @@ import pytest
 from omegaconf import OmegaConf, open_dict
 
 from dpbench.experiment import build_trainer
-from tests.conftest import REPO, compose_config
-from tests.fixtures import synthetic
+from tests.helpers import synthetic
+from tests.helpers.config import REPO, compose_config
+
+pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
 PRESETS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
 BATCH_CAP = 16

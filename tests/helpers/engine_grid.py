@@ -12,7 +12,7 @@ engine as the loop would and compares its per-example norms and clipped sum with
 reference, one example per forward (plain autograd): ``exact``, ``refused`` (a one-line
 error before any release), ``wrong`` (ran, off by more than ``WRONG``) or ``crashed``.
 
-Draws come from a ``Draw``: ``RandomDraw`` for counting (``python -m tests.training.engine_grid``)
+Draws come from a ``Draw``: ``RandomDraw`` for counting (``python -m tests.helpers.engine_grid``)
 or ``HypothesisDraw`` inside ``hypothesis`` property tests.
 """
 
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.engines import ONE_POINT
+from tests.helpers.engines import ONE_POINT
 
 #: relative error above which a result that ran is "wrong" (the independent check's bar)
 WRONG = 1e-4

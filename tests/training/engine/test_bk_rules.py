@@ -1,8 +1,8 @@
 """Book-keeping's rules for parameters outside layers and for the layers added to its table.
 
 Each case runs as the loop runs it (the engine chosen and checked before any release) and is
-compared with the float64 one-example-at-a-time reference of ``tests/training/engine_grid.py``
-at the tolerance of ``tests/numerics.py``; removing one example must move the pre-noise sum by
+compared with the float64 one-example-at-a-time reference of ``tests/helpers/engine_grid.py``
+at the tolerance of ``helpers/numerics.py``; removing one example must move the pre-noise sum by
 at most C. Covered: timm's ``VisionTransformer`` (``cls_token``, register tokens, ``pos_embed``,
 read where they enter), ``LayerScale``, ``nn.Conv1d`` (padding modes), ``nn.RMSNorm``, timm's
 ``LayerNorm2d``, ``StdConv2d`` and ``ScaledStdConv2d`` (the standardisation's Jacobian, the
@@ -18,8 +18,9 @@ from torch import nn
 
 from dpbench.errors import ConfigError
 from dpbench.training.engine.bookkeeping import BookKeepingEngine, bk_unsupported
-from tests.training import engine_grid as grid
-from tests.training.test_grad_sample_grids import _assert_exact, _assert_neighbours
+from tests.helpers import engine_grid as grid
+from tests.helpers.grid_checks import assert_exact as _assert_exact
+from tests.helpers.grid_checks import assert_neighbours as _assert_neighbours
 
 timm = pytest.importorskip("timm")
 

@@ -15,7 +15,7 @@ import pytest
 
 from dpbench.methods import get_method, method_names
 from dpbench.utils.conf import CONF_DIR
-from tests.fixtures.synthetic import method_matrix_root
+from tests.helpers.synthetic import method_matrix_root
 
 #: shared by every entry: real data, no data root, one epoch, no checkpoint, quiet
 TINY: tuple[str, ...] = ("dataset=digits", "model=mlp", "model.hidden=16", "privacy=eps3",
@@ -85,8 +85,9 @@ def method_overrides(name: str, mode: str | None = None) -> list[str]:
     if name not in METHOD_TEST_CONFIGS:
         pytest.fail(
             f"method {name!r} is registered but has no tiny test config: add it to "
-            "METHOD_TEST_CONFIGS in tests/method_matrix.py (default: an empty tuple runs it "
-            "on digits/mlp for one epoch; methods for other tasks name their tiny data set)",
+            "METHOD_TEST_CONFIGS in tests/helpers/method_matrix.py (default: an empty tuple "
+            "runs it on digits/mlp for one epoch; methods for other tasks name their tiny "
+            "data set)",
             pytrace=False)
     if (Path(CONF_DIR) / "method" / f"{name}.yaml").is_file():
         chosen = [f"method={name}"]

@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from dpbench.analysis.report import build_report, latex_text, markdown_text
-
-
-def _record(method="dpsgd", eps=1.0, seed=0, acc=0.9, **extra):
-    return {"method": method, "method_name": method, "dataset": "digits", "model": "mlp",
-            "privacy": f"eps{eps:g}", "seed": seed, "target_epsilon": eps, "epsilon": eps * 0.99,
-            "status": "completed", "metrics": {"accuracy": acc}, **extra}
-
-
-def _write(root: Path, name: str, content) -> Path:
-    folder = root / name
-    folder.mkdir(parents=True)
-    text = content if isinstance(content, str) else json.dumps(content)
-    (folder / "results.json").write_text(text)
-    return folder
-
+from tests.helpers.report_records import record as _record
+from tests.helpers.report_records import write_record_file as _write
 
 BROKEN = {
     "list": ([_record()], "expected a JSON object, got list"),

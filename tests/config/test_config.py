@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from dpbench.config.schema import PrivacyConfig, TrainerConfig
 from dpbench.errors import ConfigError
 from dpbench.utils.conf import CONF_DIR
-from tests.conftest import compose_config
+from tests.helpers.config import compose_config
 
 GROUPS = ["method", "dataset", "model", "privacy", "trainer", "logger", "experiment"]
 

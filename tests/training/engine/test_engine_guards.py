@@ -1,7 +1,7 @@
 """Regression tests: the configurations the engines got silently wrong are exact or refused.
 
 Built on the real third-party classes (loralib, timm) and faithful local copies otherwise
-(``tests/training/engine_grid.py``): subclasses with their own forward or parameters,
+(``tests/helpers/engine_grid.py``): subclasses with their own forward or parameters,
 old-style weight/spectral norm, layers whose dim 0 is not the example, a weight used outside
 its layer, layers called twice, in-place outputs; Opacus hooks on channels_last inputs,
 ``scale_grad_by_freq`` and attention with ``add_bias_kv``. Each is run as the loop runs it
@@ -17,9 +17,10 @@ from torch import nn
 from dpbench.errors import ConfigError
 from dpbench.training.engine.bookkeeping import bk_unsupported
 from dpbench.training.engine.rules import rule_for
-from tests.engines import ONE_POINT
-from tests.training import engine_grid as grid
-from tests.training.test_grad_sample_grids import _assert_exact, _assert_neighbours
+from tests.helpers import engine_grid as grid
+from tests.helpers.engines import ONE_POINT
+from tests.helpers.grid_checks import assert_exact as _assert_exact
+from tests.helpers.grid_checks import assert_neighbours as _assert_neighbours
 
 pytest.importorskip("loralib")
 pytest.importorskip("timm")

@@ -1,9 +1,9 @@
 """Print the privacy table: every registered method x (ledger check, sensitivity, audit).
 
-    python -m tests.privacy.matrix [--canaries 1000] [--epochs 2]     (from the repository root)
+    python -m tests.helpers.privacy_matrix [--canaries 1000] [--epochs 2]   (from the repo root)
 
 It lives with the tests because it reports on them: it runs the per-method tiny configs of
-tests/method_matrix.py and the neighbouring-batch helpers of tests/training/test_sensitivity.py
+tests/helpers/method_matrix.py and the neighbouring-batch helpers of tests/helpers/sensitivity.py
 (`make privacy-audit` runs it, then the fault and bad-input tests). Columns: epsilon
 reported by Opacus vs epsilon recomputed by dp-accounting's PLD from the ledger; the largest
 ||sum(D) - sum(D')|| / sensitivity over the neighbouring-batch cases; the one-run audit's
@@ -19,14 +19,9 @@ from dpbench.audit.cli import run_audit
 from dpbench.config.compose import compose_config
 from dpbench.experiment import build_trainer
 from dpbench.privacy.verify import pld_epsilon
-from tests.cli_helpers import QUIET_CLI
-from tests.method_matrix import all_methods, is_private, method_overrides
-from tests.training.test_sensitivity import (
-    _adversary,
-    _aggregate,
-    _distance,
-    _trained_trainer,
-)
+from tests.helpers.cli import QUIET_CLI
+from tests.helpers.method_matrix import all_methods, is_private, method_overrides
+from tests.helpers.sensitivity import adversarial_example, aggregate, distance, trained_trainer
 
 
 def compose_with(name: str, *overrides: str):
@@ -34,15 +29,15 @@ def compose_with(name: str, *overrides: str):
 
 
 def sensitivity_ratio(method: str) -> float:
-    trainer = _trained_trainer(method)
+    trainer = trained_trainer(method)
     state = trainer.noise_generator.get_state()
     data = trainer.data.train
     base = [data[i] for i in range(1, 17)]
     worst = 0.0
-    for d, d2 in ((base, base + [_adversary(trainer.data)]), (base, base[1:])):
-        agg, ctx = _aggregate(trainer, d, state)
-        agg2, _ = _aggregate(trainer, d2, state)
-        worst = max(worst, _distance(agg, agg2) / trainer.method.sensitivity(ctx))
+    for d, d2 in ((base, base + [adversarial_example(trainer.data)]), (base, base[1:])):
+        agg, ctx = aggregate(trainer, d, state)
+        agg2, _ = aggregate(trainer, d2, state)
+        worst = max(worst, distance(agg, agg2) / trainer.method.sensitivity(ctx))
     return worst
 
 
