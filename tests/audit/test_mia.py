@@ -54,6 +54,21 @@ def test_mia_cli_writes_results_roc_and_row(tmp_path, monkeypatch, capfd):
     assert "model 3/3 (reference) trained" in out.err and "ETA" in out.err
 
 
+@pytest.mark.parametrize("sampler,accountant", [("shuffle", "pld"), ("fixed_size", "rdp")])
+def test_every_sampler_is_attacked_at_its_valid_epsilon(sampler, accountant, tmp_path,
+                                                         monkeypatch):
+    run_dir = tmp_path / "mia"
+    code = run_cli(hydra_main, ["method=dpsgd", "privacy=eps1", *TINY,
+                                f"trainer.sampler={sampler}", f"privacy.accountant={accountant}",
+                                f"hydra.run.dir={run_dir}"], monkeypatch)
+    assert code == 0
+    record = json.loads((run_dir / "results.json").read_text())
+    assert (record["sampler"], record["neighbouring"]) == (sampler, "replace_one")
+    # calibrated to the target under the sampler's own accountant, not the Poisson figure
+    assert 0.97 <= record["epsilon"] <= 1.0 * 1.01
+    assert record["epsilon_if_poisson"] < record["epsilon"]
+
+
 @pytest.mark.parametrize("override, key", [("mia.pool_size=100000", "mia.pool_size"),
                                            ("mia.attacks=[loss,foo]", "mia.attacks"),
                                            ("mia.headline=lira_online", "mia.headline")])

@@ -29,8 +29,10 @@ RUN = ("model.hidden=16", "trainer.batch_size=32", "trainer.epochs=3")
 
 def _cli(run_dir: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    # the in-process reference's thread count (one per xdist worker): float sums round alike
+    threads = f"trainer.num_threads={torch.get_num_threads()}"
     return subprocess.Popen([sys.executable, "-m", "dpbench", *QUIET_CLI, *RUN, *extra,
-                             f"hydra.run.dir={run_dir}"], cwd=REPO, env=env,
+                             threads, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
