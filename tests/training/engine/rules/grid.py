@@ -1,9 +1,9 @@
 """The shared grid of the per-rule tests (a test helper, imported by ``test_<rule>.py``).
 
-A rule's test draws cases from the Opacus-modelled families of ``tests/training/engine_grid.py``
+A rule's test draws cases from the Opacus-modelled families of ``tests/helpers/engine_grid.py``
 (or builds one), runs them through book-keeping as the loop does (the engine built and checked
 against plain autograd before any release) and compares the per-example norms and the clipped
-sum with the float64 one-example-at-a-time reference at the tolerance of ``tests/numerics.py``.
+sum with the float64 one-example-at-a-time reference (``tests/helpers/grid_checks.py``).
 """
 
 from __future__ import annotations
@@ -16,12 +16,10 @@ from torch import nn
 
 from dpbench.training.engine.rules import Call, rule_for, unsupported_reason
 from tests.helpers import engine_grid as families
-from tests.helpers.numerics import assert_matches_reference, tolerance
+from tests.helpers.grid_checks import assert_exact
+from tests.helpers.numerics import assert_matches_reference
 
 Case = families.Case
-#: a parameter whose reference sum is below this fraction of the whole sum's norm is held to
-#: the tolerance relative to the whole sum (an exactly zero gradient is rounding alone)
-FLOOR = 1e-6
 
 
 @functools.cache
@@ -45,19 +43,7 @@ def assert_bk_exact(case: Case, mode: str = "bk") -> None:
     run = families.run_case(case, mode)
     assert run.status == "ran", f"{case.name}: {run.status}: {run.engine}"
     assert run.engine == "bk", f"{case.name}: ran {run.engine}, not bk"
-    assert_matches_reference(run.norms, run.ref_norms, dtype=torch.float32,
-                             reduction=run.reduction, per_row=True, name=f"{case.name} norms")
-    whole = float(torch.sqrt(sum((r.pow(2).sum() for r in run.ref_sums),
-                                 torch.zeros((), dtype=torch.float64))))
-    for i, (got, ref) in enumerate(zip(run.sums, run.ref_sums)):
-        label = f"{case.name} clipped sum of parameter {i}"
-        if float(ref.norm()) < FLOOR * whole:
-            err = float((got.double() - ref).norm()) / whole
-            tol = tolerance(torch.float32, run.reduction)
-            assert err <= tol, f"{label}: error {err:.3g} of the whole sum > {tol:.3g}"
-            continue
-        assert_matches_reference(got, ref, dtype=torch.float32, reduction=run.reduction,
-                                 name=label)
+    assert_exact(run, case.name)
 
 
 def draw(family: str, i: int, count: int = 3) -> Case:
