@@ -212,7 +212,7 @@ def command_line(overrides: Sequence[str] = (), **options: Any) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = _Parser(prog="dpbench-tune", description=__doc__.splitlines()[0])
+    p = _Parser(prog="dpbench-tune", description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--strategy", choices=STRATEGIES, default="grid",
                    help="grid: one trial per learning rate of --lrs; random: --trials "
                         "configurations drawn from --lr-range (and --batch-sizes, --clip-floors)")
