@@ -188,20 +188,17 @@ def _completed_record(cfg: DictConfig, results: Path) -> dict | None:
     its MAC does not verify with this user's key, or if its epsilon is not the one its own
     mechanism gives (``privacy.verify.check_record_epsilon``).
     """
-    import json
 
     from dpbench.errors import ConfigError
     from dpbench.experiment import fingerprint
     from dpbench.privacy.verify import LedgerMismatch, check_record_epsilon
     from dpbench.utils.mac import verify_mac
-    from dpbench.utils.safe_json import MAX_DEPTH, UnsafeFile, json_depth, read_bytes
+    from dpbench.utils.safe_json import UnsafeFile, parse_json, read_bytes
 
     try:
         data = read_bytes(results)
-        if json_depth(data) > MAX_DEPTH:
-            raise UnsafeFile(f"it nests JSON more than {MAX_DEPTH} levels deep")
-        record = json.loads(data)
-    except (OSError, UnsafeFile, ValueError, RecursionError) as err:
+        record = parse_json(data, results)
+    except (OSError, UnsafeFile) as err:
         raise ConfigError(f"{results} cannot be read ({err}); move it away to start afresh"
                           ) from None
     if not isinstance(record, dict) or record.get("status") != COMPLETED:

@@ -29,6 +29,8 @@ from dpbench.training.preemption import Preempted
 from dpbench.training.run_state import restore_run_state
 from dpbench.tune.choices import CHOICES_VERSION, apply_tuned, cfg_cell_key, write_choice
 from dpbench.utils.mac import write_mac
+from tests.helpers.choices import CELL, LEDGER
+from tests.helpers.choices import accounted_choice as _choice
 from tests.helpers.cli import run_cli
 from tests.helpers.config import compose_config
 
@@ -208,25 +210,6 @@ def test_a_record_with_a_raised_sigma_and_a_coherent_ledger_is_refused(completed
 
 
 # ---- choices files -------------------------------------------------------------------------
-
-CELL = ["dataset=digits", "model=logreg", "method=dpsgd", "privacy=eps3", "trainer.epochs=1",
-        "trainer.device=cpu"]
-# sigma 0.8 at q 0.05 for 20 steps spends 3.38 >= the cell's target 3, as a calibrated trial
-LEDGER = [{"sample_rate": 0.05, "noise_multiplier": 0.8, "queries": [], "steps": 20}]
-
-
-def _choice(key: str) -> dict:
-    trial_eps = compose_ledgers([LEDGER], 1e-5, "pld")
-    trials = [{"lr": lr, "seed": i + 1, "score": 0.5, "epsilon": trial_eps, "delta": 1e-5,
-               "accountant": "pld", "validation_size": 200, "steps": 20,
-               "ledger": copy.deepcopy(LEDGER)} for i, lr in enumerate((0.1, 0.5))]
-    total = compose_ledgers([LEDGER * 2], 1e-5, "pld")
-    return {"key": key, "mode": "accounted", "select": "accuracy", "grid": [0.1, 0.5],
-            "trials": trials, "search_ledger": LEDGER * 2, "selection_epsilon": 3.0,
-            "delta": 1e-5, "accountant": "pld", "trials_epsilon": total,
-            "search_epsilon": max(total, 3.0), "overrides": {"method.optimizer.lr": 0.5},
-            "at_grid_edge": True}
-
 
 @pytest.fixture(scope="module")
 def cell_key() -> str:

@@ -10,7 +10,6 @@ its un-noised diagnostics were renamed (``private_diagnostics``) reads with the 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from dpbench.logging.records import (
 )
 from dpbench.privacy.verify import LedgerMismatch, check_record_epsilon
 from dpbench.utils.mac import is_authentic
-from dpbench.utils.safe_json import MAX_DEPTH, UnsafeFile, json_depth, read_bytes
+from dpbench.utils.safe_json import UnsafeFile, parse_json, read_bytes
 
 #: record fields kept as columns (everything else stays in the record)
 _SCALARS = ("method", "method_name", "dataset", "model", "privacy", "seed", "run_name",
@@ -104,12 +103,7 @@ def iter_records(root: str | Path) -> Iterator[tuple[Path, dict[str, Any] | str]
         try:
             # bounded: a results.json from a shared folder may be huge, nested or not a file
             data = read_bytes(path)
-            if json_depth(data) > MAX_DEPTH:
-                raise UnsafeFile(f"{path} nests JSON more than {MAX_DEPTH} levels deep")
-            try:
-                parsed = json.loads(data.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-                raise UnsafeFile(f"{path} is not JSON ({type(err).__name__}: {err})") from err
+            parsed = parse_json(data, path)
             record = derived_epsilon(check_record(parsed), path)
         except (OSError, UnsafeFile, Unreadable) as err:
             yield path, f"unreadable results.json: {err}"

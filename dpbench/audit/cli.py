@@ -14,16 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from dpbench.audit.canaries import AuditSettings, CanaryRun
+from dpbench.audit.job import run_locked
 from dpbench.config.entry import check_command_line, hydra_entry
-from dpbench.errors import ConfigError, DPBenchError
+from dpbench.errors import ConfigError
 from dpbench.logging.records import COMPLETED, write_record
 from dpbench.logging.results import run_record
-from dpbench.utils.io import remove_if_fresh
-from dpbench.utils.paths import check_path_values, check_run_dir
 
 HEADER = ("| method | dataset | epsilon_claimed | epsilon_lower | power | correct / guesses "
           "| canaries |")
@@ -90,26 +88,8 @@ def check_audit_folder(run_dir: Path) -> None:
 
 @hydra_entry("audit")
 def hydra_main(cfg: DictConfig) -> None:
-    from dpbench.utils.lock import RunDirLock
-
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    existed = run_dir.exists() and any(run_dir.iterdir())  # Hydra creates it empty
-    lock = RunDirLock(run_dir)
-    try:
-        lock.acquire()  # one run per folder, audits and training runs alike
-        check_path_values(cfg)
-        check_run_dir(run_dir, list(HydraConfig.get().overrides.hydra))
-        check_audit_folder(run_dir)
-        record = run_audit(cfg, run_dir)
-    except (DPBenchError, TypeError, ValueError, ImportError, OSError) as err:
-        message = str(err) if isinstance(err, DPBenchError) else f"{type(err).__name__}: {err}"
-        lines = [line.strip() for line in message.splitlines() if line.strip()]
-        print(f"dpbench-audit: error: {' / '.join(lines)}", file=sys.stderr)
-        lock.release()
-        remove_if_fresh(run_dir, existed)
-        sys.exit(2)
-    finally:
-        lock.release()
+    record = run_locked("dpbench-audit", cfg, check_audit_folder,
+                        lambda run_dir: run_audit(cfg, run_dir))
     print(HEADER)
     print(table_row(record))
     if record["audit"]["power"] <= record["epsilon_claimed"]:

@@ -35,7 +35,7 @@ from dpbench.errors import ConfigError
 from dpbench.utils.conf import without_added_defaults
 from dpbench.utils.io import json_bytes
 from dpbench.utils.mac import is_authentic, write_authenticated
-from dpbench.utils.safe_json import MAX_DEPTH, UnsafeFile, json_depth, read_bytes
+from dpbench.utils.safe_json import UnsafeFile, parse_json, read_bytes
 
 CHOICES_NAME = "choices.json"
 MODES = ("accounted", "unaccounted")
@@ -167,12 +167,7 @@ def read_choices_authenticated(path: str | Path) -> tuple[dict[str, Any], bool]:
     path = Path(path)
     try:
         raw = read_bytes(path, max_bytes=MAX_CHOICES_BYTES)
-        if json_depth(raw) > MAX_DEPTH:
-            raise UnsafeFile(f"{path} nests JSON more than {MAX_DEPTH} levels deep")
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-            raise UnsafeFile(f"{path} is not JSON ({type(err).__name__}: {err})") from err
+        data = parse_json(raw, path)
     except FileNotFoundError as err:
         raise ConfigError(f"tuned: no choices file at {path}") from err
     except UnsafeFile as err:

@@ -65,7 +65,12 @@ def read_bytes(path: str | os.PathLike, max_bytes: int = MAX_BYTES,
 def read_json(path: str | os.PathLike, max_bytes: int = MAX_BYTES,
               max_depth: int = MAX_DEPTH) -> Any:
     """Return the parsed JSON of ``path``, bounded as the module docstring says."""
-    data = read_bytes(path, max_bytes)
+    return parse_json(read_bytes(path, max_bytes), path, max_depth)
+
+
+def parse_json(data: bytes, path: str | os.PathLike, max_depth: int = MAX_DEPTH) -> Any:
+    """Return the parsed JSON of ``data`` (read from ``path``: bytes a caller also needs, e.g.
+    to check their MAC); UnsafeFile if it nests deeper than ``max_depth`` or is not JSON."""
     depth = json_depth(data)
     if depth > max_depth:
         raise UnsafeFile(f"{path} nests JSON {depth} levels deep (at most {max_depth})")

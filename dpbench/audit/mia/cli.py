@@ -12,7 +12,6 @@ metrics with intervals in the ``mia`` block, the headline attack's as ``mia_*`` 
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from dpbench.audit.job import run_locked
 from dpbench.audit.mia.settings import MIASettings
 from dpbench.config.entry import check_command_line, hydra_entry
-from dpbench.errors import ConfigError, DPBenchError
+from dpbench.errors import ConfigError
 from dpbench.logging.records import COMPLETED, RESULTS_NAME, write_record
 from dpbench.logging.results import run_record
-from dpbench.utils.io import remove_if_fresh
-from dpbench.utils.paths import check_path_values, check_run_dir
 
 KIND = "mia"
 HEADER = ("| method | dataset | epsilon | accuracy | attack | AUC [95 % CI] | TPR@0.1%FPR | "
@@ -129,28 +127,12 @@ def table_row(record: dict[str, Any]) -> str:
 
 @hydra_entry("mia")
 def hydra_main(cfg: DictConfig) -> None:
-    from dpbench.utils.lock import RunDirLock
-
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    existed = run_dir.exists() and any(run_dir.iterdir())
-    lock = RunDirLock(run_dir)
-    try:
-        lock.acquire()
-        check_path_values(cfg)
-        check_run_dir(run_dir, list(HydraConfig.get().overrides.hydra))
-        check_mia_folder(run_dir)
+    def work(run_dir: Path) -> dict[str, Any]:
         multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-        record = run_mia(cfg, run_dir, Path(HydraConfig.get().sweep.dir).name if multirun
-                         else None)
-    except (DPBenchError, TypeError, ValueError, ImportError, OSError) as err:
-        message = str(err) if isinstance(err, DPBenchError) else f"{type(err).__name__}: {err}"
-        lines = [line.strip() for line in message.splitlines() if line.strip()]
-        print(f"dpbench-mia: error: {' / '.join(lines)}", file=sys.stderr)
-        lock.release()
-        remove_if_fresh(run_dir, existed)
-        sys.exit(2)
-    finally:
-        lock.release()
+        return run_mia(cfg, run_dir, Path(HydraConfig.get().sweep.dir).name if multirun
+                       else None)
+
+    record = run_locked("dpbench-mia", cfg, check_mia_folder, work)
     print(HEADER)
     print(table_row(record))
 
