@@ -29,7 +29,8 @@ from omegaconf import DictConfig, OmegaConf
 from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.config.schema import TrainerConfig, check_seed
 from dpbench.errors import ConfigError, DataError, DPBenchError
-from dpbench.logging.records import COMPLETED, RESULTS_NAME, failed_record, write_record
+from dpbench.logging.finished import completed_record
+from dpbench.logging.records import RESULTS_NAME, failed_record, write_record
 from dpbench.training.distributed import (
     Collective,
     close_collective,
@@ -181,39 +182,6 @@ def _report_error(cfg: DictConfig, run_dir: Path, err: BaseException, stage: str
     _print_error(message)
 
 
-def _completed_record(cfg: DictConfig, results: Path) -> dict | None:
-    """Return the run dir's completed record if it was written by this very config.
-
-    Raise ConfigError if another config wrote it (resuming would hand back its results), if
-    its MAC does not verify with this user's key, or if its epsilon is not the one its own
-    mechanism gives (``privacy.verify.check_record_epsilon``).
-    """
-
-    from dpbench.errors import ConfigError
-    from dpbench.experiment import fingerprint
-    from dpbench.privacy.verify import LedgerMismatch, check_record_epsilon
-    from dpbench.utils.mac import verify_mac
-    from dpbench.utils.safe_json import UnsafeFile, parse_json, read_bytes
-
-    try:
-        data = read_bytes(results)
-        record = parse_json(data, results)
-    except (OSError, UnsafeFile) as err:
-        raise ConfigError(f"{results} cannot be read ({err}); move it away to start afresh"
-                          ) from None
-    if not isinstance(record, dict) or record.get("status") != COMPLETED:
-        return None
-    verify_mac(results, data, "the completed record")
-    if fingerprint(OmegaConf.create(record.get("config") or {})) != fingerprint(cfg):
-        raise ConfigError(f"{results} was written by another configuration; resume with the "
-                          "same settings or use a new hydra.run.dir")
-    try:
-        check_record_epsilon(record, str(results))
-    except LedgerMismatch as err:
-        raise ConfigError(f"{err}; move it away to start afresh") from None
-    return record
-
-
 class StartSignal:
     """Rank 0 tells the other ranks, once, whether to train: GO, DONE (already completed) or
     REFUSED (it stopped before training and said why). A no-op in a 1-process run."""
@@ -344,7 +312,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, multirun: bool, undo,
         check_folder_kind(run_dir)
         cfg = apply_tuned(cfg)  # tuned=FILE: this cell's stored dpbench-tune choice
         if cfg.trainer.get("resume") and results.exists():
-            record = _completed_record(cfg, results)
+            record = completed_record(cfg, results)
             if record is not None:
                 if start is not None:
                     start.send(StartSignal.DONE)

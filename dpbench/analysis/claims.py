@@ -76,6 +76,8 @@ METRIC_DEFAULTS: dict[str, dict[str, float]] = {
     "rmse": {"effect_relative": 0.05, "margin_relative": 0.10},
     "mae": {"effect_relative": 0.05, "margin_relative": 0.10},
     "crps": {"effect_relative": 0.05, "margin_relative": 0.10},
+    "mia_tpr_at_1pct_fpr": {"effect": 0.01, "margin": 0.01},
+    "mia_auc": {"effect": 0.02, "margin": 0.02},
 }
 #: the seed of the steps-saving null's resampling; each cell gets its own spawned stream
 NULL_SEED = 0

@@ -19,7 +19,10 @@ LOWER_IS_BETTER = frozenset({"ece", "nll", "brier", "mse", "rmse", "mae", "mape"
                              "crps_normalized", "js", "acf_distance", "loss", "test_loss",
                              "perplexity", "demographic_parity_gap", "accuracy_parity",
                              "group_accuracy_parity", "accuracy_parity_gap", "epsilon",
-                             "total_epsilon", "wall_time_s"})
+                             "total_epsilon", "wall_time_s",
+                             # membership inference: the attacker's success (dpbench-mia)
+                             "mia_auc", "mia_tpr_at_0p1pct_fpr", "mia_tpr_at_1pct_fpr",
+                             "mia_balanced_accuracy", "mia_epsilon_lower"})
 
 
 @dataclass(frozen=True)

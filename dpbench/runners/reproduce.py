@@ -7,8 +7,10 @@
 
 A spec is ``conf/reproduce/<paper>.yaml``: the preset of each scale, the sweeps (plain Hydra
 sweeps, or tuned per cell with ``dpbench-tune``), the table columns and the paper's claims
-(``dpbench.analysis.claims``). Every paper shares the options below (output folder, seeds,
-parallelism, data root). Runs are resumed: rerunning skips finished runs and searches.
+(``dpbench.analysis.claims``); a sweep with ``program: mia`` runs ``dpbench-mia`` per cell
+instead of ``dpbench`` (membership inference, docs/empirical-privacy.md). Every paper shares
+the options below (output folder, seeds, parallelism, data root). Runs are resumed: rerunning
+skips finished runs and searches.
 Writes ``OUT/reproduce/<scale>/<paper>/<sweep>/...`` with ``tables.md`` beside, and
 ``OUT/claims/claims.md`` (every claim of every spec, from whatever runs exist).
 """
@@ -44,7 +46,9 @@ from dpbench.utils.progress import Progress, minutes
 
 log = logging.getLogger("dpbench.reproduce")
 SPEC_DIR = Path(__file__).resolve().parents[2] / "conf" / "reproduce"
-PAPERS = ("bounded_adaclip", "fiber", "dp_ivon", "spectral", "dp_adaln", "samplers")
+PAPERS = ("bounded_adaclip", "fiber", "dp_ivon", "spectral", "dp_adaln", "samplers", "mia")
+#: what a sweep runs (its ``program``): training runs, or membership inference per cell
+PROGRAMS = {"dpbench": "dpbench", "mia": "dpbench.audit.mia"}
 _QUIET = ["logger=none", "trainer.progress=false"]
 WALL_TIME_NAME = "wall_time.json"
 
@@ -56,6 +60,12 @@ def load_spec(paper: str) -> dict[str, Any]:
         raise SystemExit(f"dpbench-reproduce: unknown paper {paper!r} (known: "
                          f"{', '.join(PAPERS)}, all)")
     spec = yaml.safe_load((SPEC_DIR / f"{paper}.yaml").read_text())
+    for sweep in spec["sweeps"]:
+        program = sweep.get("program", "dpbench")
+        if program not in PROGRAMS or (program != "dpbench" and sweep.get("tune")):
+            raise SystemExit(f"dpbench-reproduce: {paper}: sweep {sweep['name']!r}: program "
+                             f"{program!r} is not one of {', '.join(PROGRAMS)} (tuned sweeps "
+                             "run dpbench)")
     for claim in spec.get("claims", []):
         validate_claim(claim)
     return spec
@@ -82,7 +92,8 @@ def sweep_commands(spec: dict[str, Any], args: argparse.Namespace, out: Path) ->
                        "jobs": args.jobs}
             jobs.append({"folder": folder, "tune": options})
         else:
-            cmd = [sys.executable, "-m", "dpbench", "-m", *overrides, f"seed={seeds}",
+            program = PROGRAMS[sweep.get("program", "dpbench")]
+            cmd = [sys.executable, "-m", program, "-m", *overrides, f"seed={seeds}",
                    "trainer.resume=true", f"hydra.sweep.dir={folder}",
                    "hydra.sweep.subdir=${hydra.job.num}_${run_name}"]
             if args.jobs > 1:

@@ -366,3 +366,46 @@ def test_forest_plots_are_written_and_linked(tmp_path):
     for figure in figures:
         assert figure.stat().st_size > 5000 and figure.with_suffix(".pdf").stat().st_size > 1000
     assert "[forest_p](forest_p.png)" in claims_markdown(rows, [f.name for f in figures])
+
+
+def test_membership_inference_claims_read_lower_tpr_as_less_leakage(tmp_path):
+    """Non-inferiority on TPR at 1 % FPR (lower is better): the gain is DP-SGD's TPR minus the
+    method's. A method whose attacker hits 0.5 pp fewer members is reproduced; one whose
+    attacker hits 3 pp more (three times the 1 pp margin) is contradicted, in both cells."""
+    spec = load_spec("mia")
+    claim = next(c for c in spec["claims"] if c["id"] == "mia_dp_ivon_no_more_than_dpsgd")
+
+    def runs(offset: float) -> list[dict]:
+        out = []
+        for eps in (1.0, 8.0):
+            for seed, g in enumerate(_spread(offset, 0.004, 5)):
+                extra = {"target_epsilon": eps, "kind": "mia"}
+                out += [_record("dp_ivon", seed, {}, mia_tpr_at_1pct_fpr=0.02 + g, **extra),
+                        _record("dpsgd", seed, {}, mia_tpr_at_1pct_fpr=0.02, **extra)]
+        return out
+
+    for offset, verdict in ((-0.005, "reproduced"), (0.03, "contradicted")):
+        root = tmp_path / str(offset)
+        _write(root, "private", runs(offset))
+        [row] = paper_claims("mia", {**spec, "claims": [claim]}, root)
+        assert row["verdict"] == verdict, offset
+        assert len(row["cells"]) == 2
+        assert all(cell["low"] == pytest.approx(-offset - 0.004, abs=1e-9)
+                   for cell in row["cells"])
+
+
+def test_membership_inference_sweeps_run_dpbench_mia_and_refuse_an_unknown_program(
+        tmp_path, monkeypatch):
+    import dpbench.runners.reproduce as reproduce
+
+    args = reproduce.parse_args(["mia", "--out", str(tmp_path)])
+    jobs = reproduce.sweep_commands(load_spec("mia"), args, tmp_path / "mia")
+    assert [job["cmd"][2] for job in jobs] == ["dpbench.audit.mia"] * 2
+    assert all("trainer.resume=true" in job["cmd"] for job in jobs)
+    assert reproduce.job_runs(jobs[0]) == 4 * 2 * 5  # methods x epsilons x seeds
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("paper: x\nsweeps:\n  - {name: s, program: audit, overrides: []}\n")
+    monkeypatch.setattr(reproduce, "SPEC_DIR", tmp_path)
+    monkeypatch.setattr(reproduce, "PAPERS", (*reproduce.PAPERS, "bad"))
+    with pytest.raises(SystemExit, match="sweep 's': program 'audit'"):
+        reproduce.load_spec("bad")

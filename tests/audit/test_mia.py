@@ -52,6 +52,20 @@ def test_mia_cli_writes_results_roc_and_row(tmp_path, monkeypatch, capfd):
     out = capfd.readouterr()
     assert "| dpsgd | digits |" in out.out
     assert "model 3/3 (reference) trained" in out.err and "ETA" in out.err
+    # a rerun sweep with trainer.resume=true hands the finished cell back without training
+    args = ["method=dpsgd", "privacy=eps1", *TINY, "trainer.resume=true",
+            f"hydra.run.dir={run_dir}"]
+    before = (run_dir / "results.json").read_bytes()
+    assert run_cli(hydra_main, args, monkeypatch) == 0
+    out = capfd.readouterr()
+    assert "trained" not in out.err and "| dpsgd | digits |" in out.out
+    assert (run_dir / "results.json").read_bytes() == before
+    # ... but never a record edited to claim less leakage (its MAC no longer verifies)
+    edited = {**record, "mia_tpr_at_1pct_fpr": 0.0}
+    (run_dir / "results.json").write_text(json.dumps(edited))
+    assert run_cli(hydra_main, args, monkeypatch) == 2
+    assert "results.json" in capfd.readouterr().err
+    assert json.loads((run_dir / "results.json").read_text()) == edited
 
 
 @pytest.mark.parametrize("sampler,accountant", [("shuffle", "pld"), ("fixed_size", "rdp")])

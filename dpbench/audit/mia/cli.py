@@ -7,6 +7,8 @@ the targets' members against non-members with each attack (``scoring.py``) and w
 ``results.json`` (``kind: mia``, the target's accounted epsilon and accuracy, every attack's
 metrics with intervals in the ``mia`` block, the headline attack's as ``mia_*`` fields),
 ``roc.csv`` and ``roc.png``. Bad settings exit 2 before any training and leave nothing behind.
+With ``trainer.resume=true`` a folder holding this very configuration's finished record (signed,
+its epsilon re-derived) is handed back without training: a rerun sweep skips finished cells.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dpbench.audit.job import run_locked
 from dpbench.audit.mia.settings import MIASettings
 from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.errors import ConfigError
+from dpbench.logging.finished import completed_record
 from dpbench.logging.records import COMPLETED, RESULTS_NAME, write_record
 from dpbench.logging.results import run_record
 
@@ -128,6 +131,11 @@ def table_row(record: dict[str, Any]) -> str:
 @hydra_entry("mia")
 def hydra_main(cfg: DictConfig) -> None:
     def work(run_dir: Path) -> dict[str, Any]:
+        results = run_dir / RESULTS_NAME
+        if cfg.trainer.get("resume") and results.exists():  # a sweep rerun skips finished cells
+            record = completed_record(cfg, results)
+            if record is not None:
+                return record
         multirun = HydraConfig.get().mode == RunMode.MULTIRUN
         return run_mia(cfg, run_dir, Path(HydraConfig.get().sweep.dir).name if multirun
                        else None)
