@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from dpbench.config.schema import TrainerConfig
 from dpbench.errors import DPBenchError
 from dpbench.utils.io import remove_if_fresh
 from dpbench.utils.paths import check_path_values, check_run_dir
+from dpbench.utils.threads import apply_threads
 
 
 def run_locked(program: str, cfg: DictConfig, check_folder: Callable[[Path], None],
@@ -20,9 +22,10 @@ def run_locked(program: str, cfg: DictConfig, check_folder: Callable[[Path], Non
     """Return ``work(run_dir)``'s record, run in Hydra's run folder under its lock.
 
     The folder is locked (one run per folder, audits and training runs alike), the path values
-    and the folder are checked (``check_folder``: it holds nothing of another kind), then the
-    work runs. Bad input prints ``PROGRAM: error: ...`` on one line, removes the folder if this
-    job created it, and exits 2.
+    and the folder are checked (``check_folder``: it holds nothing of another kind), the jobs
+    of a parallel sweep share the cores (``utils.threads``), then the work runs. Bad input
+    prints ``PROGRAM: error: ...`` on one line, removes the folder if this job created it, and
+    exits 2.
     """
     from dpbench.utils.lock import RunDirLock
 
@@ -34,6 +37,8 @@ def run_locked(program: str, cfg: DictConfig, check_folder: Callable[[Path], Non
         check_path_values(cfg)
         check_run_dir(run_dir, list(HydraConfig.get().overrides.hydra))
         check_folder(run_dir)
+        apply_threads(TrainerConfig(**OmegaConf.to_container(cfg.trainer, resolve=True))
+                      .num_threads, HydraConfig.get())  # k parallel jobs share the cores
         return work(run_dir)
     except (DPBenchError, TypeError, ValueError, ImportError, OSError) as err:
         message = str(err) if isinstance(err, DPBenchError) else f"{type(err).__name__}: {err}"

@@ -85,7 +85,8 @@ def test_every_sampler_is_attacked_at_its_valid_epsilon(sampler, accountant, tmp
 
 @pytest.mark.parametrize("override, key", [("mia.pool_size=100000", "mia.pool_size"),
                                            ("mia.attacks=[loss,foo]", "mia.attacks"),
-                                           ("mia.headline=lira_online", "mia.headline")])
+                                           ("mia.headline=lira_online", "mia.headline"),
+                                           ("trainer.num_threads=0", "num_threads")])
 def test_mia_cli_rejects_bad_settings_and_leaves_nothing(tmp_path, monkeypatch, capfd,
                                                          override, key):
     run_dir = tmp_path / "mia"
