@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: help setup lock demo test test-quick test-privacy test-numerics test-data test-device test-full lint format bench clean privacy-audit reproduce reproduce-fiber \
         reproduce-dp-adaln reproduce-bounded-adaclip reproduce-dp-ivon reproduce-spectral \
-        reproduce-samplers
+        reproduce-samplers reproduce-mia
 
 
 help:  ## list the targets
@@ -129,3 +129,6 @@ reproduce-dp-adaln: $(STAMP)  ## DP-aware AdaLN-Zero vs DP-vanilla, ETTh1 imputa
 
 reproduce-samplers: $(STAMP)  ## Poisson vs fixed-size vs shuffled batches at equal valid epsilon / noise (CPU)
 	$(REPRODUCE) samplers $(ARGS)
+
+reproduce-mia: $(STAMP)  ## membership inference: each seed method vs DP-SGD at equal accounted epsilon (CPU)
+	$(REPRODUCE) mia $(ARGS)
