@@ -75,6 +75,10 @@ def trained(outside) -> Path:
     return outside / "sweep"
 
 
+#: the scripts whose --help is Hydra's page (the others use argparse)
+HYDRA_SCRIPTS = ("dpbench", "dpbench-audit", "dpbench-mia")
+
+
 def test_every_script_is_covered_here():
     assert SCRIPTS == ["dpbench", "dpbench-audit", "dpbench-bench", "dpbench-mia",
                        "dpbench-report", "dpbench-reproduce", "dpbench-tune"]
@@ -85,6 +89,8 @@ def test_help_starts_from_a_fresh_shell(script, outside):
     done = _run(script, ["--help"], outside)
     assert script.removeprefix("dpbench-").split("-")[0] in (done.stdout + done.stderr).lower()
     assert "error" not in done.stderr.lower()
+    # each program's page names itself first (not dpbench's page under another name)
+    assert done.stdout.lstrip().startswith(f"{script}:") or script not in HYDRA_SCRIPTS
 
 
 def test_dpbench_trains_one_epoch(trained):
