@@ -19,12 +19,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.audit.job import run_locked
 from dpbench.audit.mia.settings import MIASettings
 from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.errors import ConfigError
 from dpbench.logging.records import COMPLETED, RESULTS_NAME, write_record
 from dpbench.logging.results import run_record
+from dpbench.runners.job import run_locked
+from dpbench.spec import RunSpec, build_spec
 
 KIND = "mia"
 HEADER = ("| method | dataset | epsilon | accuracy | attack | AUC [95 % CI] | TPR@0.1%FPR | "
@@ -43,18 +44,6 @@ def mia_settings(cfg: DictConfig) -> MIASettings:
         raise ConfigError(f"mia: {err}") from err
 
 
-def check_settings(cfg: DictConfig, settings: MIASettings) -> None:
-    """Refuse what cannot run before any model trains (method, privacy, data sizes)."""
-    from dpbench.audit.mia.models import pool_and_population
-    from dpbench.config.schema import PrivacyConfig, check_privacy_matches_method
-    from dpbench.experiment import _typed, load_data
-    from dpbench.methods import get_method
-
-    privacy = _typed(PrivacyConfig, cfg.privacy, "privacy")
-    check_privacy_matches_method(cfg.method.name, get_method(cfg.method.name).private, privacy)
-    pool_and_population(load_data(cfg), settings)
-
-
 def headline_fields(attacks: dict[str, dict[str, Any]], headline: str) -> dict[str, Any]:
     """Return the ``mia_*`` top-level fields of the headline attack."""
     chosen = attacks[headline]
@@ -66,16 +55,24 @@ def headline_fields(attacks: dict[str, dict[str, Any]], headline: str) -> dict[s
 
 def run_mia(cfg: DictConfig, run_dir: Path | None = None,
             group: str | None = None) -> dict[str, Any]:
+    """Validate a composed config (``build_spec``), then ``mia_run``; return the record."""
+    return mia_run(build_spec(cfg), run_dir, group)
+
+
+def mia_run(spec: RunSpec, run_dir: Path | None = None,
+            group: str | None = None) -> dict[str, Any]:
     """Train the models, attack, and (if ``run_dir``) write the record and ROC files, and log
-    them to W&B where ``logger`` asks (``group``: the sweep's name)."""
+    them to W&B where ``logger`` asks (``group``: the sweep's name). Each model is a run of
+    its own seed (``experiment.build_trainer``)."""
     from dpbench.audit.mia.models import pool_and_population, train_models
     from dpbench.audit.mia.roc_files import write_roc
     from dpbench.audit.mia.scoring import score_attacks
     from dpbench.audit.mia.wandb_log import log_to_wandb
     from dpbench.experiment import load_data
 
+    cfg = spec.cfg
     settings = mia_settings(cfg)
-    check_settings(cfg, settings)
+    # the data sizes are checked here, before any model trains
     pool, population = pool_and_population(load_data(cfg), settings)
     outputs = train_models(cfg, settings, pool, population)
     target = outputs.summaries[0]
@@ -127,9 +124,9 @@ def table_row(record: dict[str, Any]) -> str:
 
 @hydra_entry("mia")
 def hydra_main(cfg: DictConfig) -> None:
-    def work(run_dir: Path) -> dict[str, Any]:
+    def work(spec: RunSpec, run_dir: Path) -> dict[str, Any]:
         multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-        return run_mia(cfg, run_dir, Path(HydraConfig.get().sweep.dir).name if multirun
+        return mia_run(spec, run_dir, Path(HydraConfig.get().sweep.dir).name if multirun
                        else None)
 
     record = run_locked("dpbench-mia", cfg, check_mia_folder, work)
