@@ -23,14 +23,12 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from dpbench.errors import ConfigError, DataError, DPBenchError
-from dpbench.experiment import run
 from dpbench.logging.records import COMPLETED, RESULTS_NAME, failed_record, write_record
-from dpbench.spec import RunSpec, build_spec
 from dpbench.training.distributed import (
     Collective,
     close_collective,
@@ -42,6 +40,9 @@ from dpbench.utils.io import atomic_write_bytes, open_append, remove_created, ta
 from dpbench.utils.lock import RunDirLock
 from dpbench.utils.paths import check_run_dir
 from dpbench.utils.threads import apply_threads, torch_threads
+
+if TYPE_CHECKING:
+    from dpbench.spec import RunSpec
 
 log = logging.getLogger("dpbench")
 
@@ -228,6 +229,9 @@ def _run_main(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
 def _run_worker(cfg: DictConfig, hc: Any, multirun: bool, collective: Collective,
                 created: list[Path]) -> dict | None:
     """Rank r > 0: build the same run, wait for rank 0's word, train; write nothing."""
+    from dpbench.experiment import run
+    from dpbench.spec import build_spec
+
     prefix = f"rank {collective.rank}: "
     start = StartSignal(collective)
     # the watch stays installed until the failure is reported: a launcher's SIGTERM (torchrun
@@ -298,6 +302,9 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
                 undo: Callable[[], Any], collective: Collective | None = None,
                 start: StartSignal | None = None) -> dict | None:
     """run_job's body, with the run dir locked; ``undo()`` removes what a refusal created."""
+    from dpbench.experiment import run
+    from dpbench.spec import build_spec
+
     existed_before = (run_dir / RESULTS_NAME).exists() or (run_dir / "checkpoint.pt").exists()
     results = run_dir / RESULTS_NAME
     # in a sweep every failure is recorded and the other jobs go on
@@ -413,6 +420,8 @@ def train_in(cfg: DictConfig, run_dir: Path | None = None,
     summary (``ready(trainer)`` runs before the first step). With ``run_dir`` the folder is
     locked (one run per folder) and the run's record is written there by the same
     ``ResultsStore`` as ``dpbench``'s; a run that fails leaves no folder it created empty."""
+    from dpbench.experiment import run
+    from dpbench.spec import build_spec
     from dpbench.utils.io import make_dirs
 
     spec = build_spec(cfg)
@@ -441,6 +450,7 @@ def run_locked(program: str, cfg: DictConfig, check_folder: Callable[[Path], Non
     """
     from hydra.core.hydra_config import HydraConfig
 
+    from dpbench.spec import build_spec
     from dpbench.utils.io import remove_if_fresh
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -25,7 +25,9 @@ from dpbench.errors import ConfigError
 from dpbench.logging.records import COMPLETED, RESULTS_NAME, write_record
 from dpbench.logging.results import run_record
 from dpbench.runners.job import run_locked
-from dpbench.spec import RunSpec, build_spec
+
+if TYPE_CHECKING:
+    from dpbench.spec import RunSpec
 
 KIND = "mia"
 HEADER = ("| method | dataset | epsilon | accuracy | attack | AUC [95 % CI] | TPR@0.1%FPR | "
@@ -56,6 +58,8 @@ def headline_fields(attacks: dict[str, dict[str, Any]], headline: str) -> dict[s
 def run_mia(cfg: DictConfig, run_dir: Path | None = None,
             group: str | None = None) -> dict[str, Any]:
     """Validate a composed config (``build_spec``), then ``mia_run``; return the record."""
+    from dpbench.spec import build_spec
+
     return mia_run(build_spec(cfg), run_dir, group)
 
 
