@@ -14,6 +14,7 @@ and ``dpbench-mia`` build their run from a ``RunSpec`` (``experiment.run``).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -60,6 +61,12 @@ class RunSpec:
     @property
     def method_name(self) -> str:
         return str(self.cfg.method.name)
+
+    def with_seed(self, seed: int) -> RunSpec:
+        """Return the same run under another seed (``dpbench-mia``'s models: one spawned seed
+        each); nothing else changes, so nothing is checked again but the seed."""
+        cfg = OmegaConf.merge(self.cfg, {"seed": check_seed(seed)})
+        return dataclasses.replace(self, cfg=cfg, seed=seed, fingerprint=fingerprint(cfg))
 
 
 def settings_of(node: Any, *drop: str) -> dict[str, Any]:

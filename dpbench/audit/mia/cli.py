@@ -67,7 +67,7 @@ def mia_run(spec: RunSpec, run_dir: Path | None = None,
             group: str | None = None) -> dict[str, Any]:
     """Train the models, attack, and (if ``run_dir``) write the record and ROC files, and log
     them to W&B where ``logger`` asks (``group``: the sweep's name). Each model is a run of
-    its own seed (``experiment.build_trainer``)."""
+    its own seed (``RunSpec.with_seed``, ``experiment.build``)."""
     from dpbench.audit.mia.models import pool_and_population, train_models
     from dpbench.audit.mia.roc_files import write_roc
     from dpbench.audit.mia.scoring import score_attacks
@@ -78,7 +78,7 @@ def mia_run(spec: RunSpec, run_dir: Path | None = None,
     settings = mia_settings(cfg)
     # the data sizes are checked here, before any model trains
     pool, population = pool_and_population(load_data(cfg), settings)
-    outputs = train_models(cfg, settings, pool, population)
+    outputs = train_models(spec, settings, pool, population)
     target = outputs.summaries[0]
     attacks, curves = score_attacks(outputs, settings, target["delta"] or 1e-5)
     record = {**run_record(cfg, target, COMPLETED), "kind": KIND,
