@@ -6,7 +6,7 @@ errors, ``config.yaml``, ``run.log`` and the record (``results.json``), around o
   a ``torchrun`` job: rank 0 alone locks, writes and logs, and tells the others whether to
   train with ``StartSignal``; they never write a file).
 - ``train_in(cfg, run_dir)``: one ``dpbench-tune`` trial or final run, in this process.
-- ``run_locked(program, cfg, check_folder, work)``: the frame of ``dpbench-audit`` and
+- ``run_locked(program, cfg, check_kind, work)``: the frame of ``dpbench-audit`` and
   ``dpbench-mia`` (their ``work`` builds its runs from a ``RunSpec`` too).
 
 A bad setting prints one line ``PROGRAM: error: ...``, exits 2 before any training and removes
@@ -110,6 +110,14 @@ def check_folder_kind(run_dir: Path) -> None:
     if isinstance(record, dict) and record.get("kind") == "audit":
         raise ConfigError(f"hydra.run.dir={run_dir} holds a dpbench-audit run; choose another "
                           "folder")
+
+
+def check_folder(run_dir: Path, hydra_overrides: list[str],
+                 check_kind: Callable[[Path], None]) -> None:
+    """Raise ConfigError if the run folder lies outside outputs/ without the user choosing it
+    (``check_run_dir``) or holds a run of another kind (``check_kind``)."""
+    check_run_dir(run_dir, hydra_overrides)
+    check_kind(run_dir)
 
 
 def _report_error(cfg: DictConfig, run_dir: Path, err: BaseException, stage: str,
@@ -324,8 +332,7 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
     try:
         spec = build_spec(cfg)
         cfg = spec.cfg
-        check_run_dir(run_dir, list(hc.overrides.hydra))
-        check_folder_kind(run_dir)
+        check_folder(run_dir, list(hc.overrides.hydra), check_folder_kind)
         if spec.trainer.resume and results.exists():
             record = _completed_record(spec, results)
             if record is not None:
@@ -439,14 +446,14 @@ def train_in(cfg: DictConfig, run_dir: Path | None = None,
         remove_created(created)  # only if nothing was written
 
 
-def run_locked(program: str, cfg: DictConfig, check_folder: Callable[[Path], None],
+def run_locked(program: str, cfg: DictConfig, check_kind: Callable[[Path], None],
                work: Callable[[RunSpec, Path], dict[str, Any]]) -> dict[str, Any]:
     """Return ``work(spec, run_dir)``'s record, run in Hydra's run folder under its lock.
 
     The folder is locked (one run per folder, audits and training runs alike), the config is
-    validated (``build_spec``) and the folder checked (``check_folder``: it holds nothing of
-    another kind), then the work runs. Bad input prints ``PROGRAM: error: ...`` on one line,
-    removes the folder if this job created it, and exits 2.
+    validated (``build_spec``) and the folder checked (``check_folder``; ``check_kind``: it
+    holds nothing of another kind), then the work runs. Bad input prints ``PROGRAM: error:
+    ...`` on one line, removes the folder if this job created it, and exits 2.
     """
     from hydra.core.hydra_config import HydraConfig
 
@@ -459,8 +466,7 @@ def run_locked(program: str, cfg: DictConfig, check_folder: Callable[[Path], Non
     try:
         lock.acquire()
         spec = build_spec(cfg)
-        check_run_dir(run_dir, list(HydraConfig.get().overrides.hydra))
-        check_folder(run_dir)
+        check_folder(run_dir, list(HydraConfig.get().overrides.hydra), check_kind)
         return work(spec, run_dir)
     except (DPBenchError, TypeError, ValueError, ImportError, OSError) as err:
         print_error(_message(err), program)
