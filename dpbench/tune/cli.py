@@ -144,7 +144,8 @@ def tune(overrides: Sequence[str] = (), **options: Any) -> Path:
     choice on every seed; return OUT. ``dpbench-tune`` as a function: ``options`` are its
     options as keywords (``make_job``), checked before any work (ConfigError). It writes no
     ``report.md`` and takes no lock on OUT (``main`` does both)."""
-    return run(make_job(overrides, **options))
+    job = make_job(overrides, **options)
+    return run(job, check_cells(job))
 
 
 def command_line(overrides: Sequence[str] = (), **options: Any) -> str:
@@ -245,12 +246,12 @@ def check_cells(job: TuneJob) -> list[list[str]]:
     return cells
 
 
-def run(job: TuneJob) -> Path:
-    """Search every cell (or reuse its choice), train the choices on every seed; return OUT.
+def run(job: TuneJob, cells: list[list[str]]) -> Path:
+    """Search every cell (``check_cells(job)``: checked once, before any work) or reuse its
+    choice, train the choices on every seed; return OUT.
     Prints one line per finished cell and the progress over all of them."""
     from dpbench.utils.progress import Progress
 
-    cells = check_cells(job)
     jobs = min(job.jobs, len(cells))
     progress = Progress(len(cells) * len(job.seeds), "runs", "dpbench-tune")
     if jobs <= 1:
@@ -387,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     job = job_of(args)
     logging.basicConfig(level=logging.INFO, format="[dpbench-tune] %(message)s")
     try:
-        check_cells(job)  # every cell and stored choice, before anything is created
+        cells = check_cells(job)  # every cell and stored choice, before anything is created
     except DPBenchError as err:
         return _fail(str(err))
     try:
@@ -404,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                      "for it or choose another --out" if isinstance(err, RunDirBusy)
                      else f"cannot lock --out {args.out}: {err}")
     try:
-        out = run(job)
+        out = run(job, cells)
         text = report(out, args.metric, args.baseline)
     except DPBenchError as err:
         return _fail(str(err))
