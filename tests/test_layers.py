@@ -9,8 +9,10 @@ The tiers, bottom to top (docs/architecture.md lists the same):
 2. training: ``training`` and ``config``. The loop (the release, the engines, checkpoints)
    and the typed settings it runs under (``config`` registers every method's settings
    schema, so it sits above the methods, and the loop reads it).
-3. one run: ``experiment`` (a run assembled from a composed config) and ``logging`` (the
-   loop's sinks, and the record they write).
+3. one run: ``spec`` (a composed config validated in one pass into a typed ``RunSpec``),
+   ``experiment`` (the run built from a ``RunSpec`` and trained) and ``logging`` (the loop's
+   sinks, and the record they write). ``tune.choices`` (the stored choices file a run applies
+   with ``tuned=FILE``) sits here too: the spec applies it.
 4. readers: ``analysis``. What reads results.json files: the one reader, tables, statistics,
    plots, claims, steps-to-target and ``dpbench-report`` (``analysis.report``). They never
    train, and they import no runner.
@@ -44,7 +46,7 @@ TIERS: dict[str, int] = {
     "registry": FOUNDATIONS,
     "methods": COMPONENTS, "models": COMPONENTS, "data": COMPONENTS, "tasks": COMPONENTS,
     "training": TRAINING, "config": TRAINING,
-    "experiment": ONE_RUN, "logging": ONE_RUN,
+    "spec": ONE_RUN, "experiment": ONE_RUN, "logging": ONE_RUN, "tune.choices": ONE_RUN,
     "analysis": READERS,
     "cli": RUNNERS, "__main__": RUNNERS, "tune": RUNNERS, "audit": RUNNERS, "bench": RUNNERS,
     "bench_processes": RUNNERS, "runners": RUNNERS,

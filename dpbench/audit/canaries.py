@@ -52,10 +52,10 @@ from dpbench.audit.bounds import (
 )
 from dpbench.errors import ConfigError
 from dpbench.privacy import PrivacyAccountant
-from dpbench.privacy.plan import PrivacyPlan, plan_privacy
+from dpbench.privacy.plan import PrivacyPlan
 from dpbench.training.engine.materialised import clip_materialised
 from dpbench.training.engine.protocol import ClippedSum
-from dpbench.training.loop import Callback, Trainer
+from dpbench.training.loop import Callback, Trainer, run_plan
 from dpbench.training.step import Release
 from dpbench.utils.seeding import stream_generator
 
@@ -318,7 +318,7 @@ class CanaryRun:
 
     The audit is sized from the privacy plan, the model gets its canary weights, the method
     is broken when asked (tests only), and the loop gets the audit as a callback plus an
-    engine wrapper. ``run()`` trains and returns the summary with the audit's outcome.
+    engine wrapper. ``outcome(summary)`` adds the audit's outcome to the training summary.
     """
 
     def __init__(self, audit: AuditSettings) -> None:
@@ -328,7 +328,7 @@ class CanaryRun:
 
     def __call__(self, *, method: Any, model: nn.Module, privacy: Any, trainer: Any,
                  data: Any, callbacks: list[Callback] | None = None, **kwargs: Any) -> Trainer:
-        plan = plan_privacy(privacy, trainer, len(data.train), method.private)
+        plan = run_plan(method, privacy, trainer, data)  # the Trainer's own, bands included
         if not plan.private:
             raise ConfigError(f"method {method.name!r} releases without noise (epsilon = "
                               "inf): there is nothing to audit")
@@ -349,7 +349,6 @@ class CanaryRun:
             streams={"audit_canaries": self.canaries.sampler}, **kwargs)
         return self.trainer
 
-    def run(self) -> dict[str, Any]:
-        """Train with canaries; return the training summary plus the audit's outcome."""
-        summary = self.trainer.fit()
+    def outcome(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """Return the training ``summary`` (``experiment.run``'s) plus the audit's outcome."""
         return self.canaries.outcome(summary, self.trainer.plan.delta)

@@ -17,11 +17,12 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from dpbench.audit.canaries import AuditSettings, CanaryRun
-from dpbench.audit.job import run_locked
 from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.errors import ConfigError
 from dpbench.logging.records import COMPLETED, write_record
 from dpbench.logging.results import run_record
+from dpbench.runners.job import run_locked
+from dpbench.spec import RunSpec, build_spec
 
 HEADER = ("| method | dataset | epsilon_claimed | epsilon_lower | power | correct / guesses "
           "| canaries |")
@@ -35,18 +36,22 @@ def audit_settings(cfg: DictConfig) -> AuditSettings:
         raise ConfigError(f"audit: {err}") from err
 
 
-def run_audit(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
-    """Validate, train with canaries, and (if ``run_dir``) write results.json; return it."""
-    from dpbench.experiment import build_trainer
+def audit_run(spec: RunSpec, run_dir: Path | None = None) -> dict[str, Any]:
+    """Train the run of ``spec`` with canaries (``experiment.run`` with the audit's
+    ``CanaryRun``) and (if ``run_dir``) write results.json; return it."""
+    from dpbench.experiment import run
 
-    settings = audit_settings(cfg)
-    canary_run = CanaryRun(settings)
-    build_trainer(cfg, None, make_trainer=canary_run)
-    summary = canary_run.run()
-    record = {**run_record(cfg, summary, COMPLETED), "kind": "audit"}
+    canary_run = CanaryRun(audit_settings(spec.cfg))
+    summary = canary_run.outcome(run(spec, make_trainer=canary_run))
+    record = {**run_record(spec.cfg, summary, COMPLETED), "kind": "audit"}
     if run_dir is not None:
         write_record(run_dir, record)
     return record
+
+
+def run_audit(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
+    """Validate a composed config (``build_spec``), then ``audit_run``; return the record."""
+    return audit_run(build_spec(cfg), run_dir)
 
 
 def table_row(record: dict[str, Any]) -> str:
@@ -88,8 +93,7 @@ def check_audit_folder(run_dir: Path) -> None:
 
 @hydra_entry("audit")
 def hydra_main(cfg: DictConfig) -> None:
-    record = run_locked("dpbench-audit", cfg, check_audit_folder,
-                        lambda run_dir: run_audit(cfg, run_dir))
+    record = run_locked("dpbench-audit", cfg, check_audit_folder, audit_run)
     print(HEADER)
     print(table_row(record))
     if record["audit"]["power"] <= record["epsilon_claimed"]:

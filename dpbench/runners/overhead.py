@@ -61,13 +61,14 @@ class StepTimer(Callback):
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     """Compose the config from Hydra overrides, train once with the timer; print the ratio."""
     from dpbench.config.compose import compose_config
-    from dpbench.experiment import build_trainer
+    from dpbench.experiment import run
+    from dpbench.spec import build_spec
 
     overrides = list(sys.argv[1:] if argv is None else argv)
     cfg = compose_config(["logger=none", "trainer.progress=false", "trainer.checkpoint=false",
                           *overrides])
     timer = StepTimer()
-    build_trainer(cfg, None, callbacks=[timer]).fit()
+    run(build_spec(cfg), callbacks=[timer])
     result = timer.ratio()
     for k, v in result.items():
         print(f"{k}: {v:.4g}")

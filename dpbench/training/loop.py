@@ -29,7 +29,7 @@ from dpbench.data.base import TaskData
 from dpbench.methods.base import DPMethod, RunInfo, StepContext
 from dpbench.methods.context import HeldOut
 from dpbench.privacy import PrivacyAccountant, PrivacyLedger
-from dpbench.privacy.plan import account_release, plan_privacy, step_plan
+from dpbench.privacy.plan import PrivacyPlan, account_release, plan_privacy, step_plan
 from dpbench.tasks.base import Task
 from dpbench.training.distributed import Collective, shard_loader
 from dpbench.training.engine.check import EngineVerifier, record_check
@@ -90,6 +90,14 @@ def resolve_device(name: str, collective: Collective | None = None) -> torch.dev
     return torch.device(name)
 
 
+def run_plan(method: DPMethod, privacy: PrivacyConfig, trainer: TrainerConfig,
+             data: TaskData) -> PrivacyPlan:
+    """Return the privacy plan of a run (its rate, steps, sigma and the method's bands): the
+    one place it is built, read by the Trainer and by the audit's sizing."""
+    return plan_privacy(privacy, trainer, len(data.train), method.private,
+                        method.participation_bands())
+
+
 class Trainer:
     """Runs one method on one task under one privacy plan; resumable from its run dir.
 
@@ -112,8 +120,7 @@ class Trainer:
         self.checkpoint = RunCheckpoint(self.run_dir, trainer)
         self.callbacks = callbacks or []
         self.device = resolve_device(trainer.device, self.collective)
-        self.plan = plan_privacy(privacy, trainer, len(data.train), method.private,
-                                 method.participation_bands())
+        self.plan = run_plan(method, privacy, trainer, data)
         self.model, self.data = prepare_model(method, model, data, self.device, trainer,
                                               self.plan.private, seed)
         self.params = [p for p in self.model.parameters() if p.requires_grad]

@@ -31,10 +31,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpbench.config.compose import compose_config
 from dpbench.errors import ConfigError, DPBenchError
+from dpbench.spec import build_spec
 from dpbench.tune.choices import (
     CHOICES_NAME,
     MODES,
-    apply_tuned,
     cfg_cell_key,
     choice_mode,
     read_choices,
@@ -60,64 +60,16 @@ DEFAULT_OUT = Path("outputs/tune")
 _RANDOM_ONLY = ("trials", "lr_range", "batch_sizes", "clip_floors")
 
 
-def check_cell_config(cfg: DictConfig) -> None:
-    """Run the checks a run makes before training, without loading data (ConfigError)."""
-    from dpbench.config.schema import (
-        PrivacyConfig,
-        TrainerConfig,
-        check_method_numbers,
-        check_privacy_matches_method,
-    )
-    from dpbench.config.targets import check_targets
-    from dpbench.data import DATASETS
-    from dpbench.methods import get_method
-    from dpbench.models import MODELS
-    from dpbench.utils.paths import check_path_values
-
-    def typed(cls, group: str):
-        node = OmegaConf.to_container(cfg[group], resolve=True)
-        try:
-            return cls(**node)
-        except TypeError as err:
-            raise ConfigError(f"{group}: {err}") from err
-
-    check_path_values(cfg)
-    privacy = typed(PrivacyConfig, "privacy")
-    typed(TrainerConfig, "trainer")
-    method = get_method(cfg.method.name)
-    check_privacy_matches_method(cfg.method.name, method.private, privacy)
-    optimizer = cfg.method.get("optimizer")
-    if not optimizer or not optimizer.get("_target_"):
-        raise ConfigError("method.optimizer must name an optimiser (method.optimizer._target_)")
-    check_targets(optimizer, "method.optimizer")
-    method_settings = cfg.method.get("settings")
-    check_method_numbers(OmegaConf.to_container(optimizer, resolve=True),
-                         OmegaConf.to_container(method_settings, resolve=True)
-                         if method_settings else {})
-
-    def group_settings(group: str, *drop: str) -> dict:
-        node = OmegaConf.to_container(cfg[group], resolve=True)
-        return {k: v for k, v in node.items() if k not in drop}
-
-    DATASETS.check_settings(cfg.dataset.name, group_settings("dataset", "name", "task"))
-    MODELS.check_settings(cfg.model.name, group_settings("model", "name"))
-
-
 def train(overrides: list[str], run_dir: Path | None = None) -> tuple[DictConfig, dict[str, Any]]:
-    """Train one configuration in this process; write its results.json into ``run_dir``."""
-    from dpbench.experiment import build_trainer
-    from dpbench.logging.records import write_record
-    from dpbench.logging.results import run_record
+    """Train one configuration in this process through the shared job wrapper
+    (``runners.job.train_in``: ``build_spec``, ``run(spec)``, with ``run_dir`` its lock and
+    record); return the run's config and summary (plus ``evaluated_examples``)."""
+    from dpbench.runners.job import train_in
 
-    cfg = apply_tuned(compose_config([*_QUIET, *overrides]))
-    trainer = build_trainer(cfg, run_dir)
-    summary = trainer.fit()
-    summary["evaluated_examples"] = len(trainer.data.test)
-    if run_dir is not None:
-        record = run_record(cfg, {k: v for k, v in summary.items()
-                                  if k != "evaluated_examples"}, "completed")
-        write_record(run_dir, record)
-    return cfg, summary
+    trainers: list[Any] = []
+    spec, summary = train_in(compose_config([*_QUIET, *overrides]), run_dir,
+                             ready=trainers.append)
+    return spec.cfg, {**summary, "evaluated_examples": len(trainers[0].data.test)}
 
 
 def _number_list(text: str, kind: type, what: str) -> list:
@@ -192,7 +144,8 @@ def tune(overrides: Sequence[str] = (), **options: Any) -> Path:
     choice on every seed; return OUT. ``dpbench-tune`` as a function: ``options`` are its
     options as keywords (``make_job``), checked before any work (ConfigError). It writes no
     ``report.md`` and takes no lock on OUT (``main`` does both)."""
-    return run(make_job(overrides, **options))
+    job = make_job(overrides, **options)
+    return run(job, check_cells(job))
 
 
 def command_line(overrides: Sequence[str] = (), **options: Any) -> str:
@@ -281,7 +234,7 @@ def check_cells(job: TuneJob) -> list[list[str]]:
     keys: dict[str, list[str]] = {}
     for cell in cells:
         cfg = compose_config([*_QUIET, *cell])
-        check_cell_config(cfg)
+        build_spec(cfg)  # every check a run makes before it reads data
         check_cell(cfg, job.settings)
         key = cfg_cell_key(cfg)
         if key in keys:
@@ -293,12 +246,12 @@ def check_cells(job: TuneJob) -> list[list[str]]:
     return cells
 
 
-def run(job: TuneJob) -> Path:
-    """Search every cell (or reuse its choice), train the choices on every seed; return OUT.
+def run(job: TuneJob, cells: list[list[str]]) -> Path:
+    """Search every cell (``check_cells(job)``: checked once, before any work) or reuse its
+    choice, train the choices on every seed; return OUT.
     Prints one line per finished cell and the progress over all of them."""
     from dpbench.utils.progress import Progress
 
-    cells = check_cells(job)
     jobs = min(job.jobs, len(cells))
     progress = Progress(len(cells) * len(job.seeds), "runs", "dpbench-tune")
     if jobs <= 1:
@@ -435,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     job = job_of(args)
     logging.basicConfig(level=logging.INFO, format="[dpbench-tune] %(message)s")
     try:
-        check_cells(job)  # every cell and stored choice, before anything is created
+        cells = check_cells(job)  # every cell and stored choice, before anything is created
     except DPBenchError as err:
         return _fail(str(err))
     try:
@@ -452,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                      "for it or choose another --out" if isinstance(err, RunDirBusy)
                      else f"cannot lock --out {args.out}: {err}")
     try:
-        out = run(job)
+        out = run(job, cells)
         text = report(out, args.metric, args.baseline)
     except DPBenchError as err:
         return _fail(str(err))

@@ -153,6 +153,7 @@ def test_a_preempted_submitit_job_is_requeued_and_resumes(tmp_path):
 _SIGTERM_WHILE_RECORDING = """
 import os, signal, sys
 import dpbench.cli as cli
+import dpbench.runners.job as job
 from dpbench.training.loop import Trainer
 from dpbench.errors import DPBenchError
 
@@ -163,11 +164,11 @@ def failing_step(self, batch):
     return step(self, batch)
 Trainer.train_step = failing_step
 
-write = cli.write_record
+write = job.write_record
 def write_under_sigterm(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGTERM)
     return write(*args, **kwargs)
-cli.write_record = write_under_sigterm
+job.write_record = write_under_sigterm
 
 sys.argv = ["dpbench", *sys.argv[1:]]
 cli.main()

@@ -15,19 +15,21 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.audit.job import run_locked
 from dpbench.audit.mia.settings import MIASettings
 from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.errors import ConfigError
-from dpbench.logging.finished import completed_record
 from dpbench.logging.records import COMPLETED, RESULTS_NAME, write_record
 from dpbench.logging.results import run_record
+from dpbench.runners.job import completed_record, run_locked
+
+if TYPE_CHECKING:
+    from dpbench.spec import RunSpec
 
 KIND = "mia"
 HEADER = ("| method | dataset | epsilon | accuracy | attack | AUC [95 % CI] | TPR@0.1%FPR | "
@@ -46,18 +48,6 @@ def mia_settings(cfg: DictConfig) -> MIASettings:
         raise ConfigError(f"mia: {err}") from err
 
 
-def check_settings(cfg: DictConfig, settings: MIASettings) -> None:
-    """Refuse what cannot run before any model trains (method, privacy, data sizes)."""
-    from dpbench.audit.mia.models import pool_and_population
-    from dpbench.config.schema import PrivacyConfig, check_privacy_matches_method
-    from dpbench.experiment import _typed, load_data
-    from dpbench.methods import get_method
-
-    privacy = _typed(PrivacyConfig, cfg.privacy, "privacy")
-    check_privacy_matches_method(cfg.method.name, get_method(cfg.method.name).private, privacy)
-    pool_and_population(load_data(cfg), settings)
-
-
 def headline_fields(attacks: dict[str, dict[str, Any]], headline: str) -> dict[str, Any]:
     """Return the ``mia_*`` top-level fields of the headline attack."""
     chosen = attacks[headline]
@@ -69,18 +59,28 @@ def headline_fields(attacks: dict[str, dict[str, Any]], headline: str) -> dict[s
 
 def run_mia(cfg: DictConfig, run_dir: Path | None = None,
             group: str | None = None) -> dict[str, Any]:
+    """Validate a composed config (``build_spec``), then ``mia_run``; return the record."""
+    from dpbench.spec import build_spec
+
+    return mia_run(build_spec(cfg), run_dir, group)
+
+
+def mia_run(spec: RunSpec, run_dir: Path | None = None,
+            group: str | None = None) -> dict[str, Any]:
     """Train the models, attack, and (if ``run_dir``) write the record and ROC files, and log
-    them to W&B where ``logger`` asks (``group``: the sweep's name)."""
+    them to W&B where ``logger`` asks (``group``: the sweep's name). Each model is a run of
+    its own seed (``RunSpec.with_seed``, ``experiment.build``)."""
     from dpbench.audit.mia.models import pool_and_population, train_models
     from dpbench.audit.mia.roc_files import write_roc
     from dpbench.audit.mia.scoring import score_attacks
     from dpbench.audit.mia.wandb_log import log_to_wandb
     from dpbench.experiment import load_data
 
+    cfg = spec.cfg
     settings = mia_settings(cfg)
-    check_settings(cfg, settings)
+    # the data sizes are checked here, before any model trains
     pool, population = pool_and_population(load_data(cfg), settings)
-    outputs = train_models(cfg, settings, pool, population)
+    outputs = train_models(spec, settings, pool, population)
     target = outputs.summaries[0]
     attacks, curves = score_attacks(outputs, settings, target["delta"] or 1e-5)
     record = {**run_record(cfg, target, COMPLETED), "kind": KIND,
@@ -130,14 +130,14 @@ def table_row(record: dict[str, Any]) -> str:
 
 @hydra_entry("mia")
 def hydra_main(cfg: DictConfig) -> None:
-    def work(run_dir: Path) -> dict[str, Any]:
+    def work(spec: RunSpec, run_dir: Path) -> dict[str, Any]:
         results = run_dir / RESULTS_NAME
-        if cfg.trainer.get("resume") and results.exists():  # a sweep rerun skips finished cells
-            record = completed_record(cfg, results)
+        if spec.trainer.resume and results.exists():  # a sweep rerun skips finished cells
+            record = completed_record(spec, results)
             if record is not None:
                 return record
         multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-        return run_mia(cfg, run_dir, Path(HydraConfig.get().sweep.dir).name if multirun
+        return mia_run(spec, run_dir, Path(HydraConfig.get().sweep.dir).name if multirun
                        else None)
 
     record = run_locked("dpbench-mia", cfg, check_mia_folder, work)

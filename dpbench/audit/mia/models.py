@@ -1,10 +1,10 @@
 """Train a run's target and reference models through the loop; read their outputs.
 
-Every model is built by ``experiment.build_trainer`` from the run's own config (the same
+Every model is built by ``experiment.build`` from the run's own ``RunSpec`` (the same
 method, model, privacy settings and trainer: the attacker knows the training algorithm),
-with its own seed (``split.model_seed``) and its training set replaced by its half of the
-pool (``split.membership``), so its noise is calibrated and accounted for that set. Progress
-(models done / total, ETA) goes to stderr.
+with its own seed (``split.model_seed``, ``RunSpec.with_seed``) and its training set replaced
+by its half of the pool (``split.membership``), so its noise is calibrated and accounted for
+that set. Progress (models done / total, ETA) goes to stderr.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from dpbench.audit.mia.settings import MIASettings
 from dpbench.audit.mia.split import memberships, model_seed
 from dpbench.data.base import TaskData, subset_indices
 from dpbench.errors import ConfigError
+from dpbench.spec import RunSpec
 from dpbench.training.loop import Trainer
 
 
@@ -50,7 +50,7 @@ def _outputs(trainer: Trainer, dataset: Dataset) -> tuple[np.ndarray, np.ndarray
 
 
 class _OnHalf:
-    """``make_trainer`` for ``build_trainer``: the Trainer with its training set replaced."""
+    """``make_trainer`` for ``experiment.build``: the Trainer with its training set replaced."""
 
     def __init__(self, train: Dataset) -> None:
         self.train = train
@@ -85,18 +85,17 @@ def pool_and_population(data: TaskData, settings: MIASettings) -> tuple[Dataset,
             Subset(data.test, subset_indices(m, settings.population_size).tolist()))
 
 
-def train_models(cfg: DictConfig, settings: MIASettings, pool: Dataset,
+def train_models(spec: RunSpec, settings: MIASettings, pool: Dataset,
                  population: Dataset) -> ModelOutputs:
     """Train the run's ``settings.models`` models; return their outputs on pool and population."""
-    from dpbench.experiment import build_trainer
+    from dpbench.experiment import build
 
     total = settings.models
     masks = memberships(settings.seed, total, len(pool))  # type: ignore[arg-type]
     rows: dict[str, list[np.ndarray]] = {"lp": [], "phi": [], "lz": []}
     summaries, start = [], time.perf_counter()
     for k in range(total):
-        model_cfg = OmegaConf.merge(cfg, {"seed": model_seed(settings.seed, k)})
-        trainer = build_trainer(model_cfg, None, make_trainer=_OnHalf(
+        trainer = build(spec.with_seed(model_seed(settings.seed, k)), None, make_trainer=_OnHalf(
             Subset(pool, np.flatnonzero(masks[k]).tolist())))
         summaries.append(trainer.fit())
         with torch.no_grad():
