@@ -68,6 +68,10 @@ def outside(tmp_path_factory) -> Path:
     return folder
 
 
+#: the tests reading ``trained``: --dist loadgroup keeps them on one worker, which makes it once
+SHARES_THE_RUN = pytest.mark.xdist_group("console_scripts_trained")
+
+
 @pytest.fixture(scope="module")
 def trained(outside) -> Path:
     """A 1-epoch digits run made by ``dpbench``: its sweep folder."""
@@ -87,6 +91,7 @@ def test_help_starts_from_a_fresh_shell(script, outside):
     assert "error" not in done.stderr.lower()
 
 
+@SHARES_THE_RUN
 def test_dpbench_trains_one_epoch(trained):
     record = json.loads((trained / "run" / "results.json").read_text())
     assert record["status"] == "completed" and record["method"] == "dpsgd"
@@ -115,6 +120,7 @@ def test_dpbench_mia_attacks_one_small_cell(outside):
     assert "| dpsgd | digits |" in done.stdout
 
 
+@SHARES_THE_RUN
 def test_dpbench_report_tabulates_the_run(trained):
     done = _run("dpbench-report", [str(trained)], trained.parent)
     assert "| dpsgd" in done.stdout and "eps=3" in done.stdout

@@ -19,6 +19,7 @@ from dpbench.privacy.selection import exponential_mechanism, search_and_run_epsi
 from dpbench.tune.choices import apply_tuned, cell_key, write_choice
 from dpbench.tune.cli import main, train
 from dpbench.tune.search import TuneSettings, expand_cells, search_cell, spawn_seeds
+from tests.helpers.choice_writer import write_many
 
 pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
@@ -179,7 +180,7 @@ def test_concurrent_choice_writes_keep_every_cell(tmp_path):
 
     path = tmp_path / "choices.json"
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_write_many, args=(str(path), w)) for w in range(3)]
+    procs = [ctx.Process(target=write_many, args=(str(path), w)) for w in range(3)]
     for proc in procs:
         proc.start()
     for proc in procs:
@@ -187,8 +188,3 @@ def test_concurrent_choice_writes_keep_every_cell(tmp_path):
     assert all(proc.exitcode == 0 for proc in procs)
     cells = json.loads(path.read_text())["cells"]
     assert set(cells) == {f"w{w}-{i}" for w in range(3) for i in range(15)}
-
-
-def _write_many(path: str, writer: int) -> None:
-    for i in range(15):
-        write_choice(path, f"w{writer}-{i}", {"mode": "unaccounted", "overrides": {}})
