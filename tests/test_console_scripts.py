@@ -24,7 +24,8 @@ except ModuleNotFoundError:  # Python 3.10: pip-tools (a dev extra) brings tomli
 
 import pytest
 
-pytestmark = pytest.mark.integration  # whole runs or processes: make test, not test-quick
+# fresh processes through the installed launchers: make test-processes (docs/testing.md)
+pytestmark = [pytest.mark.integration, pytest.mark.processes]
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

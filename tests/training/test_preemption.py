@@ -29,7 +29,8 @@ from dpbench.training.preemption import PREEMPTED_EXIT_CODE
 from tests.helpers.cli import run_cli
 from tests.helpers.config import QUIET
 
-pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+# whole runs whose object is a signal to a fresh process: make test-processes (docs/testing.md)
+pytestmark = [pytest.mark.integration, pytest.mark.processes]
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = ["dataset=digits", "model=mlp", "trainer.batch_size=16", "trainer.num_threads=1",

@@ -149,6 +149,7 @@ def test_tune_command_end_to_end(tmp_path, capsys):
     assert OmegaConf.create(records[0]["config"]).tuned == str(out / "choices.json")
 
 
+@pytest.mark.processes  # spawned processes: make test-processes
 def test_parallel_cells_match_sequential_cells(tmp_path):
     """--jobs 2 searches cells in two processes: the same choices and test metrics as --jobs 1,
     and both cells' choices survive the concurrent writes to one choices file."""
@@ -174,6 +175,7 @@ def test_parallel_cells_match_sequential_cells(tmp_path):
     assert metrics(outs[2]) == pytest.approx(metrics(outs[1]), abs=1e-6)
 
 
+@pytest.mark.processes  # spawned processes: make test-processes
 def test_concurrent_choice_writes_keep_every_cell(tmp_path):
     """Writers in separate processes never drop each other's cells (the file is locked)."""
     import multiprocessing
