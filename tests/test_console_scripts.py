@@ -61,7 +61,7 @@ def _run(script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess
     return done
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session, as ``trained`` that needs it
 def outside(tmp_path_factory) -> Path:
     """A working folder outside the repository."""
     folder = tmp_path_factory.mktemp("user")
@@ -73,8 +73,8 @@ def outside(tmp_path_factory) -> Path:
 SHARES_THE_RUN = pytest.mark.xdist_group("console_scripts_trained")
 
 
-@pytest.fixture(scope="module")
-def trained(outside) -> Path:
+@pytest.fixture(scope="session")  # not module: another module's test between its two users
+def trained(outside) -> Path:  # (random order, xdist) would tear it down and run it again
     """A 1-epoch digits run made by ``dpbench``: its sweep folder."""
     _run("dpbench", [*QUIET, f"hydra.run.dir={outside / 'sweep' / 'run'}"], outside)
     return outside / "sweep"

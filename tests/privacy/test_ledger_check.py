@@ -49,7 +49,7 @@ def test_reported_epsilon_matches_independent_pld(name, mode, tmp_path):
     assert eps_pld <= summary["target_epsilon"] * 1.02
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not module: another module's test between its two users
 def dpsgd_summary(tmp_path_factory) -> dict:
     """One tiny DP-SGD run; each negative control corrupts its own copy of the summary."""
     summary = run_config(compose_config(*method_overrides("dpsgd")),

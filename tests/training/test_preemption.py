@@ -86,8 +86,8 @@ def _cli(*args: str) -> int:
         os.chdir(cwd)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
+@pytest.fixture(scope="session")  # not module: another module's test between two users
+def reference(tmp_path_factory) -> Path:  # (random order, xdist) would tear it down
     """The uninterrupted run (``LONG``, seed 0): its run folder."""
     run_dir = tmp_path_factory.mktemp("preemption") / "reference"
     assert _cli(*LONG, f"hydra.run.dir={run_dir}") == 0
