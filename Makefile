@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup lock demo test test-quick test-privacy test-numerics test-data test-device test-full lint format bench clean privacy-audit reproduce reproduce-fiber \
+.PHONY: help setup lock demo test test-quick test-processes test-privacy test-numerics test-data test-device test-full lint format bench clean privacy-audit reproduce reproduce-fiber \
         reproduce-dp-adaln reproduce-bounded-adaclip reproduce-dp-ivon reproduce-spectral \
         reproduce-samplers reproduce-mia
 
@@ -40,16 +40,21 @@ lock: $(STAMP)  ## re-resolve requirements.lock after a change to pyproject.toml
 demo: $(STAMP)  ## the default DP run, offline, no data root (scikit-learn digits), prints the result
 	env -u DPBENCH_DATA_ROOT WANDB_MODE=offline $(BIN)/dpbench
 
-# Tiers (docs/testing.md): test-quick is the edit-test loop, test what CI and the README run,
-# test-privacy the per-method privacy matrix alone (also part of test). WORKERS: pytest-xdist's
+# Tiers (docs/testing.md): test-quick is the edit-test loop, test what CI and the README run
+# in-process, test-processes the tests whose object is a fresh process (signals, torchrun,
+# submitit, the console scripts; CI runs it after test), test-privacy the per-method privacy
+# matrix alone (also part of test). WORKERS: pytest-xdist's
 # -n (auto: one worker per core; 0: one process, no xdist); loadgroup keeps the tests of one
 # xdist_group (one shared fixture) on one worker.
 WORKERS ?= auto
 PYTEST  := $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup
 QUICK   := not slow and not data and not device and not privacy_matrix and not integration
 
-test: $(STAMP)  ## the suite CI runs, in parallel: no data root, no network (slow, data, device left out)
-	$(PYTEST) --durations=15 -m "not slow and not data and not device"
+test: $(STAMP)  ## the suite CI runs, in parallel: no data root, no network (slow, data, device, processes left out)
+	$(PYTEST) --durations=15 -m "not slow and not data and not device and not processes"
+
+test-processes: $(STAMP)  ## fresh processes: signals, torchrun, submitit, console scripts (CI runs it after test)
+	$(PYTEST) --durations=10 -m "processes and not slow and not data and not device"
 
 test-quick: $(STAMP)  ## unit and structural tests: no whole runs, subprocesses or privacy matrix
 	$(PYTEST) -m "$(QUICK)"
@@ -82,7 +87,7 @@ test-data: $(STAMP)  ## checks of the real data files under DPBENCH_DATA_ROOT (r
 test-device: $(STAMP)  ## the accelerator checks, on a GPU machine (DPBENCH_TEST_DEVICE, default cuda)
 	$(BIN)/pytest -m device -q
 
-test-full: $(STAMP)  ## every test but the data and device checks, slow ones included
+test-full: $(STAMP)  ## every test but the data and device checks, slow and processes ones included
 	$(PYTEST) --durations=15 -m "not data and not device"
 
 lint: $(STAMP)  ## ruff

@@ -47,6 +47,7 @@ def _main(monkeypatch, capfd, args: list[str]) -> tuple[int, list[str]]:
 
 # --- what Hydra instantiates: callbacks and logging factories --------------------------------
 
+@pytest.mark.processes  # a fresh interpreter: make test-processes
 def test_a_hydra_callback_outside_the_allow_list_never_runs_in_a_fresh_process(tmp_path):
     marker = tmp_path / "payload-ran"
     proc = subprocess.run(
@@ -295,6 +296,7 @@ def _planted_method_plugin(folder: Path, marker: Path) -> None:
         for group in ("methods", "models", "datasets", "tasks")))
 
 
+@pytest.mark.processes  # a fresh interpreter: make test-processes
 def test_python_m_dpbench_imports_no_planted_entry_point(tmp_path):
     """``python -m`` puts the current folder on sys.path; a run naming built-ins only never
     imports an entry point from it."""
@@ -306,6 +308,7 @@ def test_python_m_dpbench_imports_no_planted_entry_point(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.processes  # a fresh interpreter: make test-processes
 @pytest.mark.parametrize("module", ["dpbench", "dpbench.audit"])
 def test_python_m_imports_nothing_from_the_start_folder(tmp_path, module):
     """Hydra's plugin discovery imports every module of every ``hydra_plugins`` package on

@@ -47,7 +47,7 @@ def _cli(run_dir, monkeypatch, *extra) -> int:
 
 # ---- a real checkpoint, preempted mid-epoch ------------------------------------------------
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, whatever runs between its users
 def preempted(tmp_path_factory):
     """Return (run dir, the true epsilon) of a private run preempted after STOP_AFTER steps."""
     from dpbench.experiment import build_trainer
@@ -60,7 +60,7 @@ def preempted(tmp_path_factory):
     return run_dir, trainer.epsilon()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, whatever runs between its users
 def resumable(preempted):
     """Return a trainer of the same config, to restore edited states into."""
     from dpbench.experiment import build_trainer
@@ -135,7 +135,7 @@ def test_a_planted_or_edited_checkpoint_is_refused_at_resume(preempted, tmp_path
 
 # ---- a real completed record ---------------------------------------------------------------
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, whatever runs between its users
 def completed(tmp_path_factory):
     """Return the run dir of a completed 1-epoch private run (written by the command)."""
     run_dir = tmp_path_factory.mktemp("completed") / "run"
@@ -211,7 +211,7 @@ def test_a_record_with_a_raised_sigma_and_a_coherent_ledger_is_refused(completed
 
 # ---- choices files -------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, whatever runs between its users
 def cell_key() -> str:
     return cfg_cell_key(compose_config(*CELL))
 

@@ -24,7 +24,8 @@ except ModuleNotFoundError:  # Python 3.10: pip-tools (a dev extra) brings tomli
 
 import pytest
 
-pytestmark = pytest.mark.integration  # whole runs or processes: make test, not test-quick
+# fresh processes through the installed launchers: make test-processes (docs/testing.md)
+pytestmark = [pytest.mark.integration, pytest.mark.processes]
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -60,7 +61,7 @@ def _run(script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess
     return done
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session, as ``trained`` that needs it
 def outside(tmp_path_factory) -> Path:
     """A working folder outside the repository."""
     folder = tmp_path_factory.mktemp("user")
@@ -68,8 +69,12 @@ def outside(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def trained(outside) -> Path:
+#: the tests reading ``trained``: --dist loadgroup keeps them on one worker, which makes it once
+SHARES_THE_RUN = pytest.mark.xdist_group("console_scripts_trained")
+
+
+@pytest.fixture(scope="session")  # not module: another module's test between its two users
+def trained(outside) -> Path:  # (random order, xdist) would tear it down and run it again
     """A 1-epoch digits run made by ``dpbench``: its sweep folder."""
     _run("dpbench", [*QUIET, f"hydra.run.dir={outside / 'sweep' / 'run'}"], outside)
     return outside / "sweep"
@@ -93,6 +98,7 @@ def test_help_starts_from_a_fresh_shell(script, outside):
     assert done.stdout.lstrip().startswith(f"{script}:") or script not in HYDRA_SCRIPTS
 
 
+@SHARES_THE_RUN
 def test_dpbench_trains_one_epoch(trained):
     record = json.loads((trained / "run" / "results.json").read_text())
     assert record["status"] == "completed" and record["method"] == "dpsgd"
@@ -121,6 +127,7 @@ def test_dpbench_mia_attacks_one_small_cell(outside):
     assert "| dpsgd | digits |" in done.stdout
 
 
+@SHARES_THE_RUN
 def test_dpbench_report_tabulates_the_run(trained):
     done = _run("dpbench-report", [str(trained)], trained.parent)
     assert "| dpsgd" in done.stdout and "eps=3" in done.stdout

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+# what a fresh interpreter imports: make test-processes (docs/testing.md)
+pytestmark = [pytest.mark.integration, pytest.mark.processes]
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("wandb", "matplotlib", "transformers", "peft", "torchvision")

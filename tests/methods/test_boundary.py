@@ -50,7 +50,7 @@ def _reachable(*roots: object, depth: int = 8) -> list[object]:
     return list(seen.values())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, whatever runs between its users
 def trainer():
     from dpbench.experiment import build_trainer
 

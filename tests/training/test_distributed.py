@@ -50,6 +50,7 @@ def test_the_ranks_slices_partition_the_one_global_mask(world):
         assert sum(len(p) for p in parts) == len(set(i for p in parts for i in p))  # disjoint
 
 
+@pytest.mark.processes  # torchrun's processes: make test-processes
 @pytest.mark.parametrize("extra", [
     ["method=dpsgd", "trainer.grad_sample_mode=bk"],
     ["method=dpsgd", "trainer.grad_sample_mode=hooks"],
@@ -83,9 +84,11 @@ def test_two_ranks_equal_one_process(tmp_path, extra):
     assert got["metrics"]["accuracy"] == pytest.approx(ref["metrics"]["accuracy"], abs=2e-3)
 
 
+@pytest.mark.processes  # torchrun's processes: make test-processes
 def test_a_rank_that_dies_stops_every_rank_in_one_line_and_the_run_resumes(tmp_path):
     run_dir = tmp_path / "run"
-    overrides = [*RUN, "trainer.epochs=10", "trainer.batch_size=32"]
+    # four epochs left after the first checkpoint: the kill lands mid-run
+    overrides = [*RUN, "trainer.epochs=5", "trainer.batch_size=32"]
     proc = subprocess.Popen(_torchrun(overrides, run_dir), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
     try:
@@ -133,6 +136,7 @@ def test_a_rank_that_dies_stops_every_rank_in_one_line_and_the_run_resumes(tmp_p
         assert diff <= 64 * ref["steps"] * EPS * (float(value.abs().max()) + 1.0), name
 
 
+@pytest.mark.processes  # torchrun's processes: make test-processes
 def test_torchrun_refuses_a_sweep_in_one_line(tmp_path):
     proc = subprocess.run(_torchrun(["-m", *RUN, "seed=0,1"], tmp_path / "x"),
                           capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path)

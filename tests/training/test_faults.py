@@ -36,6 +36,7 @@ def _cli(run_dir: Path, *extra: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.processes  # a signal to a fresh process: make test-processes
 def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
     reference_dir = tmp_path / "reference"
     reference = build_trainer(compose_config(*RUN), reference_dir).fit()
@@ -167,6 +168,7 @@ while True:
 """
 
 
+@pytest.mark.processes  # a signal to a fresh process: make test-processes
 def test_sigkill_during_writes_never_leaves_truncated_json(tmp_path):
     path = tmp_path / "results.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -3,6 +3,10 @@ continues the same accountant and ends exactly where a run never stopped ends.
 
 Also a sweep through submitit's local launcher (the same numbers as the basic launcher), and
 a preempted submitit job that submitit requeues and that resumes.
+
+Only what a signal or submitit does runs in a fresh process; the uninterrupted reference (one
+run, in-process, shared by every test here) and the resumes run the CLI's own entry point
+in-process, at the same single torch thread, so the weights are bit-equal.
 """
 
 from __future__ import annotations
@@ -19,16 +23,22 @@ import psutil
 import pytest
 import torch
 
+from dpbench.cli import hydra_main
 from dpbench.training.checkpoint import load_checkpoint
 from dpbench.training.preemption import PREEMPTED_EXIT_CODE
+from tests.helpers.cli import run_cli
 from tests.helpers.config import QUIET
 
-pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
+# whole runs whose object is a signal to a fresh process: make test-processes (docs/testing.md)
+pytestmark = [pytest.mark.integration, pytest.mark.processes]
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = ["dataset=digits", "model=mlp", "trainer.batch_size=16", "trainer.num_threads=1",
        *QUIET]
-LONG = [*RUN, "trainer.epochs=12"]
+#: long enough that a signal sent just after the first epoch's checkpoint lands mid-run
+LONG = [*RUN, "trainer.epochs=6"]
+#: the tests sharing the module's reference run: one xdist worker builds it once
+SHARED_REFERENCE = pytest.mark.xdist_group("preemption_reference")
 
 
 def _env() -> dict[str, str]:
@@ -63,11 +73,30 @@ def _same_run(a: dict, b: dict) -> None:
         assert a[key] == b[key], key
 
 
+def _cli(*args: str) -> int:
+    """Run ``dpbench *args`` in-process (the console script's entry point); its exit code."""
+    threads, environ, cwd = torch.get_num_threads(), dict(os.environ), os.getcwd()
+    try:
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            return run_cli(hydra_main, list(args), monkeypatch)
+    finally:  # a module fixture outlives the per-test restore of tests/conftest.py
+        torch.set_num_threads(threads)
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd)
+
+
+@pytest.fixture(scope="session")  # not module: another module's test between two users
+def reference(tmp_path_factory) -> Path:  # (random order, xdist) would tear it down
+    """The uninterrupted run (``LONG``, seed 0): its run folder."""
+    run_dir = tmp_path_factory.mktemp("preemption") / "reference"
+    assert _cli(*LONG, f"hydra.run.dir={run_dir}") == 0
+    return run_dir
+
+
+@SHARED_REFERENCE
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
-def test_a_preempted_run_resumes_to_the_same_result(tmp_path, sig):
-    reference = tmp_path / "reference"
-    done = _run(*LONG, f"hydra.run.dir={reference}", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
+def test_a_preempted_run_resumes_to_the_same_result(tmp_path, sig, reference):
     run_dir = tmp_path / "preempted"
     proc = subprocess.Popen(_dpbench(*LONG, f"hydra.run.dir={run_dir}"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -83,8 +112,7 @@ def test_a_preempted_run_resumes_to_the_same_result(tmp_path, sig):
     assert 0 < state["step"] < planned  # stopped inside the run, at a step boundary
     record = json.loads((run_dir / "results.json").read_text())
     assert record["status"] == "running"  # no failed record: the run is not over
-    resumed = _run(*LONG, f"hydra.run.dir={run_dir}", "trainer.resume=true", cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert _cli(*LONG, f"hydra.run.dir={run_dir}", "trainer.resume=true") == 0
     _same_run(json.loads((run_dir / "results.json").read_text()),
               json.loads((reference / "results.json").read_text()))
     one = load_checkpoint(reference / "checkpoint.pt")["model"]
@@ -102,8 +130,7 @@ def _results(sweep: Path) -> dict[int, dict]:
 
 def test_a_submitit_local_sweep_gives_the_basic_launchers_numbers(tmp_path):
     sweep = [*RUN, "trainer.epochs=2", "seed=0,1"]
-    basic = _run("-m", *sweep, f"hydra.sweep.dir={tmp_path / 'basic'}", cwd=tmp_path)
-    assert basic.returncode == 0, basic.stderr[-2000:]
+    assert _cli("-m", *sweep, f"hydra.sweep.dir={tmp_path / 'basic'}") == 0  # in-process
     local = _run("-m", *sweep, "hydra/launcher=submitit_local",
                  "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={tmp_path / 'submitit'}",
                  cwd=tmp_path)
@@ -115,10 +142,8 @@ def test_a_submitit_local_sweep_gives_the_basic_launchers_numbers(tmp_path):
         _same_run(got[seed], ref[seed])
 
 
-def test_a_preempted_submitit_job_is_requeued_and_resumes(tmp_path):
-    reference = tmp_path / "reference"
-    done = _run(*LONG, f"hydra.run.dir={reference}", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
+@SHARED_REFERENCE
+def test_a_preempted_submitit_job_is_requeued_and_resumes(tmp_path, reference):
     sweep_dir = tmp_path / "sweep"
     proc = subprocess.Popen(
         _dpbench("-m", *LONG, "seed=0", "trainer.resume=true", "hydra/launcher=submitit_local",

@@ -17,7 +17,7 @@ from tests.helpers.choices import accounted_choice as _accounted_choice
 
 pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, whatever runs between its users
 def key() -> str:
     return cfg_cell_key(compose_config(CELL))
 

@@ -19,6 +19,7 @@ from dpbench.privacy.selection import exponential_mechanism, search_and_run_epsi
 from dpbench.tune.choices import apply_tuned, cell_key, write_choice
 from dpbench.tune.cli import main, train
 from dpbench.tune.search import TuneSettings, expand_cells, search_cell, spawn_seeds
+from tests.helpers.choice_writer import write_many
 
 pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
@@ -148,6 +149,7 @@ def test_tune_command_end_to_end(tmp_path, capsys):
     assert OmegaConf.create(records[0]["config"]).tuned == str(out / "choices.json")
 
 
+@pytest.mark.processes  # spawned processes: make test-processes
 def test_parallel_cells_match_sequential_cells(tmp_path):
     """--jobs 2 searches cells in two processes: the same choices and test metrics as --jobs 1,
     and both cells' choices survive the concurrent writes to one choices file."""
@@ -173,13 +175,14 @@ def test_parallel_cells_match_sequential_cells(tmp_path):
     assert metrics(outs[2]) == pytest.approx(metrics(outs[1]), abs=1e-6)
 
 
+@pytest.mark.processes  # spawned processes: make test-processes
 def test_concurrent_choice_writes_keep_every_cell(tmp_path):
     """Writers in separate processes never drop each other's cells (the file is locked)."""
     import multiprocessing
 
     path = tmp_path / "choices.json"
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_write_many, args=(str(path), w)) for w in range(3)]
+    procs = [ctx.Process(target=write_many, args=(str(path), w)) for w in range(3)]
     for proc in procs:
         proc.start()
     for proc in procs:
@@ -187,8 +190,3 @@ def test_concurrent_choice_writes_keep_every_cell(tmp_path):
     assert all(proc.exitcode == 0 for proc in procs)
     cells = json.loads(path.read_text())["cells"]
     assert set(cells) == {f"w{w}-{i}" for w in range(3) for i in range(15)}
-
-
-def _write_many(path: str, writer: int) -> None:
-    for i in range(15):
-        write_choice(path, f"w{writer}-{i}", {"mode": "unaccounted", "overrides": {}})

@@ -62,7 +62,7 @@ def _write_cifar100(folder: Path) -> None:
     (folder / "meta").write_bytes(pickle.dumps({"fine_label_names": names}, protocol=2))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, whatever runs between its users
 def data_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("preset-data")
     synthetic.write_mnist_copy(root, n=200)
@@ -76,7 +76,7 @@ def data_root(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, whatever runs between its users
 def hub_stand_ins(tmp_path_factory) -> dict[str, Path]:
     """Return {model name: local folder} of tiny random models of the hub architectures."""
     from transformers import (
