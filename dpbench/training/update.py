@@ -1,4 +1,4 @@
-"""Stages 7-9 of a step: the method's post-processing and update of a release.
+"""Stages 7-10 of a step: post-processing and update of a release, then the mechanism's advance.
 
 Everything here reads released (noisy) values only, so it cannot change epsilon
 (docs/adding-a-method.md). A release, its post-processing or the updated parameters that are
@@ -11,12 +11,13 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterable, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from dpbench.errors import TrainingDiverged
-from dpbench.methods.base import DPMethod, StepContext
+from dpbench.methods.base import DPMethod, Released, StepContext
 from dpbench.training.step import Release
 
 
@@ -49,6 +50,11 @@ def apply_release(method: DPMethod, params: Sequence[torch.nn.Parameter], releas
     if ok:
         method.update(grads, ctx)
         method.after_step(release.noisy_extras, ctx)
+        # the mechanism's moving parameters: from the released values and the update's
+        # public state only (the hook's argument holds nothing else)
+        method.advance(Released(step=ctx.step, extras=MappingProxyType(release.noisy_extras),
+                                grads=tuple(release.grads),
+                                public=MappingProxyType(method.public_state())))
         ok = all_finite(params)
     if not ok and not skip:
         raise TrainingDiverged(
