@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from dpbench.errors import TrainingDiverged
-from dpbench.methods.base import DPMethod, Released, StepContext
+from dpbench.methods.base import DPMethod, Released, StepContext, Update
 from dpbench.training.step import Release
 
 
@@ -45,8 +45,10 @@ def apply_release(method: DPMethod, params: Sequence[torch.nn.Parameter], releas
     saved = _snapshot(method, params) if skip else None
     ok = all_finite(release.grads, release.noisy_extras.values())
     if ok:
-        grads = method.postprocess(release.grads, ctx)
-        ok = all_finite(grads)
+        postprocess = method.postprocess
+        grads = postprocess(release.grads, ctx)
+        # the default post-processing returns the release as it is: checked above already
+        ok = getattr(postprocess, "__func__", None) is Update.postprocess or all_finite(grads)
     if ok:
         method.update(grads, ctx)
         method.after_step(release.noisy_extras, ctx)
