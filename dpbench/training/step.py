@@ -180,8 +180,10 @@ def private_release(method: DPMethod, engine: Engine, task: Task, batch,
         if noise_shaper is not None:
             noises = noise_shaper(noises)
             released = [(s + z).div_(plan.expected_batch_size) for s, z in zip(sums, noises)]
-        else:  # the fresh draw takes the sum in place (z + s is s + z exactly)
-            released = [z.add_(s).div_(plan.expected_batch_size) for s, z in zip(sums, noises)]
+        else:  # the fresh draw takes the sum in place (z + s is s + z exactly) unless the
+            # sum's dtype is wider (a float64 model: s + z promotes the float32 draw)
+            released = [(z.add_(s) if z.dtype == s.dtype else s + z).div_(
+                plan.expected_batch_size) for s, z in zip(sums, noises)]
         for name, value in noisy_extras.items():
             z = torch.normal(0.0, extra_specs[name].noise_std, size=(),
                              device=value.device, generator=noise)
