@@ -41,6 +41,7 @@ from dpbench.tasks import get_task
 from dpbench.training.distributed import Collective
 from dpbench.training.engine.choice import build_engine
 from dpbench.training.step import plan_at, private_release
+from dpbench.training.update import apply_release
 from dpbench.utils.conf import GRAD_SAMPLE_MODES
 
 #: model -> (input shape, batch size on CPU, batch size on CUDA); text models' shape is the
@@ -156,7 +157,7 @@ def _method_step(model, method_name: str, mode: str, batch, device) -> Callable[
     def step() -> None:
         release = private_release(method, engine, task, batch, ctx, plan, None, shaper,
                                   noise=gen)
-        method.update(method.postprocess(release.grads, ctx), ctx)
+        apply_release(method, engine.params, release, ctx, skip=False)
         ctx.step += 1
     return step
 

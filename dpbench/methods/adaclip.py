@@ -11,7 +11,8 @@ Per step t with threshold C_t (docs/adaptive-clipping.md):
 * gradient noise multiplier sigma_delta = (sigma^-2 - (2 sigma_b)^-2)^(-1/2) (Andrew et al.
   Thm. 1), so the pair composes to exactly one Gaussian release with multiplier sigma: the
   loop's ledger combines the two queries and the accountant is told sigma;
-* update (geometric, post-processing of b_t):
+* update (geometric, post-processing of b_t, in the mechanism's ``advance``: the one place
+  C_t changes, handed the released values only):
   C_{t+1} = max(C_LB, C_t exp(-eta_C (b_t - gamma))), with C_LB = 0 here (unbounded).
 
 Opacus's ``AdaClipDPOptimizer`` accounts with sigma_delta and under-reports epsilon; dpbench
@@ -28,7 +29,14 @@ import torch
 
 from dpbench.errors import ConfigError
 from dpbench.methods import register_method
-from dpbench.methods.base import DPMethod, ExtraQuery, RunInfo, StepContext, Update
+from dpbench.methods.base import (
+    DPMethod,
+    ExtraQuery,
+    Released,
+    RunInfo,
+    StepContext,
+    Update,
+)
 from dpbench.methods.dpsgd import FlatClipping
 from dpbench.methods.settings import require
 
@@ -73,13 +81,18 @@ class AdaClipSettings:
 class AdaptiveClipping(FlatClipping):
     """Clipping at the current threshold C_t, the centred count query and the split sigma.
 
-    ``threshold`` (C_t) is the mechanism's moving parameter: C_0 at set-up, then whatever the
-    update derives from the noisy count; every C_t > 0 gives the declared sensitivity.
+    ``threshold`` (C_t) is the mechanism's moving parameter: max(C_0, C_LB) at set-up, then,
+    in ``advance``, the geometric update from the step's *noisy* count only; every C_t > 0
+    gives the declared sensitivity. C_LB = ``clip_floor()`` (0: unbounded).
     """
 
     def _sigma_b(self, expected_batch_size: float) -> float:
         value = self.settings["sigma_b"]
         return float(value) if value is not None else expected_batch_size / 10.0
+
+    def clip_floor(self) -> float:
+        """Return C_LB (0: unbounded)."""
+        return 0.0
 
     def validate(self, info: RunInfo) -> None:
         if info.private:
@@ -88,8 +101,12 @@ class AdaptiveClipping(FlatClipping):
     def setup(self, params, info: RunInfo) -> None:
         super().setup(params, info)
         initial = self.settings["initial_clip"]
-        self.threshold = float(initial if initial is not None else info.clip_norm)
+        self.threshold = max(float(initial if initial is not None else info.clip_norm),
+                             self.clip_floor())
         self.sigma_b = self._sigma_b(info.expected_batch_size)
+        self.unclipped_fraction = math.nan
+        self.trajectory: list[float] = []  # C_t of every step
+        self.fractions: list[float] = []  # noisy b_t of every step
 
     def clip_threshold(self, ctx: StepContext) -> float:
         """Return C_t (clipping at min(1, C_t/||u_i||), divided by C_t when normalised)."""
@@ -105,74 +122,66 @@ class AdaptiveClipping(FlatClipping):
         centred = (norms <= bound).to(torch.float32) - 0.5
         return [ExtraQuery(COUNT_QUERY, centred, sensitivity=0.5, noise_std=self.sigma_b)]
 
+    # ---- the moving threshold: post-processing of the noisy count ------------------------
+    def advance(self, released: Released) -> None:
+        """Set b_t = s / B + 1/2 from the noisy count s and C_{t+1} = max(C_LB,
+        C_t exp(-eta_C (b_t - gamma))) (Andrew et al. 2021, Alg. 1; Zhao et al. 2025, Eq. 3).
+
+        B is the expected batch size; nothing without a released count (set-up, a restore,
+        a non-private run).
+        """
+        if COUNT_QUERY not in released.extras:
+            return
+        assert self.info is not None
+        threshold = self.threshold
+        self.unclipped_fraction = (float(released.extras[COUNT_QUERY])
+                                   / self.info.expected_batch_size + 0.5)
+        self.trajectory.append(threshold)
+        self.fractions.append(self.unclipped_fraction)
+        self.threshold = geometric_update(
+            threshold, self.unclipped_fraction, self.settings["target_quantile"],
+            self.settings["clip_lr"], self.clip_floor())
+
     def summary(self) -> dict[str, Any]:
         return {"sigma_b": self.sigma_b}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"threshold": self.threshold}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.threshold = float(state.get("threshold", self.threshold))
-
-
-class ThresholdTracking(Update):
-    """The geometric threshold update from the noisy count (post-processing), then the YAML's
-    optimiser; C_LB = ``clip_floor()`` (0: unbounded)."""
-
-    mechanism: AdaptiveClipping
-
-    def clip_floor(self) -> float:
-        """Return C_LB (0: unbounded)."""
-        return 0.0
-
-    def setup(self, params, info: RunInfo) -> None:
-        super().setup(params, info)
-        self.mechanism.threshold = max(self.mechanism.threshold, self.clip_floor())
-        self.unclipped_fraction = math.nan
-        self.trajectory: list[float] = []  # C_t of every step
-        self.fractions: list[float] = []  # noisy b_t of every step
-
-    # ---- stage 9: post-processing of the noisy count --------------------------------------
-    def after_step(self, released: dict[str, torch.Tensor], ctx: StepContext) -> None:
-        """Set b_t = s / B + 1/2 and C_{t+1} = max(C_LB, C_t exp(-eta_C (b_t - gamma)))."""
-        if COUNT_QUERY not in released:  # non-private run: no clipping, nothing to track
-            return
-        threshold = self.mechanism.threshold
-        self.unclipped_fraction = float(released[COUNT_QUERY]) / ctx.expected_batch_size + 0.5
-        self.trajectory.append(threshold)
-        self.fractions.append(self.unclipped_fraction)
-        self.mechanism.threshold = geometric_update(
-            threshold, self.unclipped_fraction, self.settings["target_quantile"],
-            self.settings["clip_lr"], self.clip_floor())
-
-    # ---- diagnostics and state -----------------------------------------------------------
-    def step_metrics(self) -> dict[str, float]:
-        """Return C_t (the threshold the step used) and the noisy unclipped fraction b_t."""
-        used = self.trajectory[-1] if self.trajectory else self.mechanism.threshold
-        return {"clip_threshold": used, "unclipped_fraction": self.unclipped_fraction}
-
-    def summary(self) -> dict[str, Any]:
-        return {"clip_floor": self.clip_floor(),
-                "final_clip_threshold": self.mechanism.threshold,
-                "floor_binding_share": self.floor_binding_share(),
-                "clip_threshold_trajectory": list(self.trajectory),
-                "unclipped_fraction_trajectory": list(self.fractions)}
-
-    def floor_binding_share(self) -> float:
-        """Return the share of steps whose threshold C_t sat at the floor C_LB (0 unbounded)."""
-        floor = self.clip_floor()
-        if floor <= 0 or not self.trajectory:
-            return 0.0
-        return sum(c <= floor * (1 + 1e-9) for c in self.trajectory) / len(self.trajectory)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"unclipped_fraction": self.unclipped_fraction,
+        return {"threshold": self.threshold, "unclipped_fraction": self.unclipped_fraction,
                 "trajectory": list(self.trajectory), "fractions": list(self.fractions)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.threshold = float(state.get("threshold", self.threshold))
         self.unclipped_fraction = float(state.get("unclipped_fraction", math.nan))
         self.trajectory = list(state.get("trajectory", []))
         self.fractions = list(state.get("fractions", []))
+
+
+class ThresholdTracking(Update):
+    """The YAML's optimiser, and the threshold's diagnostics read from the mechanism (its
+    ``advance`` moves the threshold; this update only reports it)."""
+
+    mechanism: AdaptiveClipping  # a read-only view (MechanismView)
+
+    def step_metrics(self) -> dict[str, float]:
+        """Return C_t (the threshold the step used) and the noisy unclipped fraction b_t."""
+        mech = self.mechanism
+        used = mech.trajectory[-1] if mech.trajectory else mech.threshold
+        return {"clip_threshold": used, "unclipped_fraction": mech.unclipped_fraction}
+
+    def summary(self) -> dict[str, Any]:
+        mech = self.mechanism
+        return {"clip_floor": mech.clip_floor(),
+                "final_clip_threshold": mech.threshold,
+                "floor_binding_share": self.floor_binding_share(),
+                "clip_threshold_trajectory": list(mech.trajectory),
+                "unclipped_fraction_trajectory": list(mech.fractions)}
+
+    def floor_binding_share(self) -> float:
+        """Return the share of steps whose threshold C_t sat at the floor C_LB (0 unbounded)."""
+        floor, trajectory = self.mechanism.clip_floor(), self.mechanism.trajectory
+        if floor <= 0 or not trajectory:
+            return 0.0
+        return sum(c <= floor * (1 + 1e-9) for c in trajectory) / len(trajectory)
 
 
 @register_method("adaclip")

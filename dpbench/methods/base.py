@@ -21,7 +21,11 @@ hooks:
                                                   released noise (BandMF's C^{-1} recursion)
  7    ``postprocess(grads, ctx)``      update     filters, spectral denoising
  8    ``update(grads, ctx)``           update     the optimiser step (SGD/Adam/AdamBC/IVON)
- 9    ``after_step(released, ctx)``    update     e.g. the adaptive threshold from a noisy count
+ 9    ``after_step(released, ctx)``    update     use of the noisy extra queries (diagnostics)
+      ``public_state()``                          what the mechanism may read after the update
+ 10   ``advance(released)``            mechanism  the moving parameters from released values
+                                                  (AdaClip's C_t, DiSK's theta_{t-1}, IVON's
+                                                  posterior scale): their only writer
  --   ``evaluate(held_out, model)``   update     extra evaluation (posterior averaging) on the
       ``step_metrics()``                          loop's held-out data only; per-step logs
 ====  ==============================  =========  ==============================================
@@ -35,12 +39,13 @@ recompute it.
 from __future__ import annotations
 
 from dataclasses import asdict
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from dpbench.methods.context import HeldOut, RunInfo, StepContext
+from dpbench.methods.context import HeldOut, Released, RunInfo, StepContext
 from dpbench.methods.hooks import PRIVACY_HOOKS, UPDATE_HOOKS, refuse_hooks
 from dpbench.methods.mechanism import (
     EvalPoint,
@@ -50,11 +55,11 @@ from dpbench.methods.mechanism import (
     gradient_queries,
 )
 from dpbench.methods.settings import NoSettings, checked_settings
-from dpbench.methods.update import OptimizerFactory, Update
+from dpbench.methods.update import MechanismView, OptimizerFactory, Update
 
-__all__ = ["DPMethod", "EvalPoint", "ExtraQuery", "HeldOut", "Mechanism", "NoiseShaper",
-           "OptimizerFactory", "RunInfo", "StepContext", "Update", "check_pair",
-           "gradient_queries"]
+__all__ = ["DPMethod", "EvalPoint", "ExtraQuery", "HeldOut", "Mechanism", "MechanismView",
+           "NoiseShaper", "OptimizerFactory", "Released", "RunInfo", "StepContext", "Update",
+           "check_pair", "gradient_queries"]
 
 
 def check_pair(cls: type) -> None:
@@ -135,10 +140,17 @@ class DPMethod:
         self.mechanism.validate(info)
 
     def setup(self, params: list[nn.Parameter], info: RunInfo) -> None:
-        """Set up the mechanism, then the update (which may set the mechanism's parameters)."""
+        """Set up the mechanism, then the update, then bring the mechanism's moving parameters
+        to the update's public state (``advance`` with no release)."""
         self.info = info
         self.mechanism.setup(params, info)
         self.updater.setup(params, info)
+        self._resync()
+
+    def _resync(self) -> None:
+        """Call the mechanism's ``advance`` with no release: set-up and after a restore."""
+        self.mechanism.advance(Released(step=None, public=MappingProxyType(
+            self.updater.public_state())))
 
     def gradient_evaluations_per_step(self) -> int:
         """Return how many gradient evaluations a step makes (compute, not privacy)."""
@@ -160,6 +172,8 @@ class DPMethod:
         extra = state.get("extra") or {}
         self.mechanism.load_state_dict(extra)
         self.updater.load_state_dict(extra)
+        if self.info is not None:  # set up: the restored weights and update state
+            self._resync()
 
     # ---- the hooks: each half's own, reached through the pair (none defined here) --------
     def __getattr__(self, name: str) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dpbench.methods import register_method
-from dpbench.methods.adaclip import AdaClip, AdaClipSettings, ThresholdTracking
+from dpbench.methods.adaclip import AdaClip, AdaClipSettings, AdaptiveClipping
 from dpbench.methods.settings import require
 
 
@@ -26,8 +26,9 @@ class BoundedAdaClipSettings(AdaClipSettings):
         require(self.clip_floor >= 0, "clip_floor", "a number >= 0", self.clip_floor)
 
 
-class BoundedThresholdTracking(ThresholdTracking):
-    """The threshold update with the floor C_LB = ``clip_floor`` (post-processing)."""
+class BoundedAdaptiveClipping(AdaptiveClipping):
+    """Adaptive clipping whose threshold update (``advance``) has the floor C_LB =
+    ``clip_floor`` (post-processing of the noisy count: the release is adaclip's)."""
 
     def clip_floor(self) -> float:
         return float(self.settings["clip_floor"])
@@ -38,4 +39,4 @@ class BoundedAdaClip(AdaClip):
     """Adaptive clipping whose threshold never goes below ``clip_floor`` (C_LB, default 0.1)."""
 
     settings_cls = BoundedAdaClipSettings
-    update_cls = BoundedThresholdTracking
+    mechanism_cls = BoundedAdaptiveClipping

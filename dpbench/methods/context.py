@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -25,6 +26,24 @@ class StepContext:
     total_steps: int
     method_generator: torch.Generator | None = None  # the method's own stream (posterior draws)
     noise_std: float = 0.0  # per-coordinate std of the released mean gradient, set by the loop
+
+
+@dataclass(frozen=True)
+class Released:
+    """What a mechanism's ``advance`` is handed after a step: released values only.
+
+    ``step``: the step just taken, or None at set-up and after a restore (no release: the
+    mechanism re-derives its state from the public weights and ``public``);
+    ``extras``: the noisy sums of the step's extra queries (name -> scalar tensor);
+    ``grads``: the released (noisy mean) gradient; ``public``: what the update publishes
+    after its step (``Update.public_state``: post-processing of earlier releases, e.g. IVON's
+    posterior scale). No losses, norms or realised batch size: those are not privatised.
+    """
+
+    step: int | None
+    extras: Mapping[str, torch.Tensor] = field(default_factory=lambda: MappingProxyType({}))
+    grads: tuple[torch.Tensor, ...] = ()
+    public: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)

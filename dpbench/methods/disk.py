@@ -29,6 +29,7 @@ from dpbench.methods.base import (
     EvalPoint,
     Mechanism,
     OptimizerFactory,
+    Released,
     StepContext,
     Update,
 )
@@ -50,17 +51,19 @@ class DiSKSettings:
 class TwoPointObservation(Mechanism):
     """Stage 2 of DiSK/FIBER: the points theta and theta + gamma d_t, d_t = theta_t - theta_{t-1}.
 
-    ``previous_params`` (theta_{t-1}) is the mechanism's moving parameter, set by the update
-    before each optimiser step. The two points are combined per example before clipping
-    (``u_i`` above), so any theta_{t-1} gives one release of sensitivity C; book-keeping forms
-    ||u_i|| and sum_i f_i u_i from both points' activations and output gradients (cross terms
-    included) and Opacus hooks from materialised gradients, so the method never reads
-    per-example gradients itself.
+    ``previous_params`` (theta_{t-1}) is the mechanism's moving parameter, moved in
+    ``advance`` after each step from the public weights (post-processing of releases): the
+    weights seen at the previous ``advance`` become theta_{t-1}. The two points are combined
+    per example before clipping (``u_i`` above), so any theta_{t-1} gives one release of
+    sensitivity C; book-keeping forms ||u_i|| and sum_i f_i u_i from both points' activations
+    and output gradients (cross terms included) and Opacus hooks from materialised gradients,
+    so the method never reads per-example gradients itself.
     """
 
     def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
         super().__init__(name, settings)
         self.previous_params: list[torch.Tensor] | None = None  # theta_{t-1}
+        self._latest: list[torch.Tensor] | None = None  # theta_t, seen at the last advance
 
     @property
     def lookahead_weight(self) -> float:
@@ -83,6 +86,16 @@ class TwoPointObservation(Mechanism):
             return [EvalPoint(weight=1.0, offsets=offsets)]
         return [EvalPoint(weight=1.0 - a), EvalPoint(weight=a, offsets=offsets)]
 
+    def advance(self, released: Released) -> None:
+        """After step t: theta_{t-1} <- theta_t (the weights seen at the last advance) and
+        remember theta_{t+1}; with no release (set-up, a restore) remember the weights only.
+
+        The weights are post-processing of released gradients, so d_t is public.
+        """
+        if released.step is not None:
+            self.previous_params = self._latest
+        self._latest = [p.detach().clone() for p in self.params]
+
     def state_dict(self) -> dict[str, Any]:
         return {"previous_params": self.previous_params}
 
@@ -90,11 +103,6 @@ class TwoPointObservation(Mechanism):
         prev = state.get("previous_params")
         self.previous_params = ([t.to(p.device) for t, p in zip(prev, self.params)]
                                 if prev is not None else None)
-
-
-def remember_weights(update: Update) -> None:
-    """Set the two-point mechanism's theta_{t-1} to theta_t, before the optimiser moves it."""
-    update.mechanism.previous_params = [p.detach().clone() for p in update.params]
 
 
 class KalmanFilteredUpdate(Update):
@@ -114,11 +122,6 @@ class KalmanFilteredUpdate(Update):
             for f, g in zip(self.filtered, grads):
                 f.mul_(1.0 - kappa).add_(g, alpha=kappa)
         return [f.clone() for f in self.filtered]
-
-    def update(self, grads: list[torch.Tensor], ctx: StepContext) -> None:
-        """Run the optimiser, theta_t remembered so that d_{t+1} = theta_{t+1} - theta_t."""
-        remember_weights(self)
-        super().update(grads, ctx)
 
     def state_dict(self) -> dict[str, Any]:
         return {"filtered": self.filtered}

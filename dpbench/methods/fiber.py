@@ -29,7 +29,7 @@ import torch
 
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod, Mechanism, OptimizerFactory, StepContext
-from dpbench.methods.disk import DiSKSettings, TwoPointObservation, remember_weights
+from dpbench.methods.disk import DiSKSettings, TwoPointObservation
 from dpbench.methods.dpadam_bc import NoiseCorrectedAdam
 from dpbench.methods.settings import require
 
@@ -70,7 +70,8 @@ class FiberSettings(DiSKSettings):
 
 class FilterAwareAdam(NoiseCorrectedAdam):
     """FIBER's stages 7 and 8: the innovation filter (or the EMA ablation), then AdamBC with
-    the filtered noise variance removed; theta_t is remembered for the two-point observation."""
+    the filtered noise variance removed (the two-point mechanism remembers the weights itself,
+    in its ``advance``)."""
 
     def __init__(self, name: str, settings: Mapping[str, Any], mechanism: Mechanism,
                  optimizer: OptimizerFactory | None = None) -> None:
@@ -111,11 +112,6 @@ class FilterAwareAdam(NoiseCorrectedAdam):
             for f, g in zip(self.filtered, grads):
                 f.mul_(1.0 - omega).add_(g, alpha=omega)
         return [f.clone() for f in self.filtered]
-
-    def update(self, grads: list[torch.Tensor], ctx: StepContext) -> None:
-        """Run AdamBC, theta_t remembered so that d_{t+1} = theta_{t+1} - theta_t."""
-        remember_weights(self)
-        super().update(grads, ctx)
 
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "noise_gain_A": self.noise_gain()}

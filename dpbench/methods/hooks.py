@@ -7,10 +7,11 @@ from collections.abc import Sequence
 
 #: the hooks that can change epsilon: only a ``Mechanism`` defines them
 PRIVACY_HOOKS = ("participation_bands", "evaluation_points", "clip_factors", "sensitivity",
-                 "gradient_noise_multiplier", "extra_queries", "noise_shaper")
+                 "gradient_noise_multiplier", "extra_queries", "noise_shaper", "advance")
 
 #: the hooks that post-process the release: only an ``Update`` defines them
-UPDATE_HOOKS = ("postprocess", "update", "after_step", "evaluate", "step_metrics")
+UPDATE_HOOKS = ("postprocess", "update", "after_step", "public_state", "evaluate",
+                "step_metrics")
 
 
 def refuse_hooks(cls: type, hooks: Sequence[str], reason: str) -> None:

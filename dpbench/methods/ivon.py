@@ -36,6 +36,7 @@ from dpbench.methods.base import (
     HeldOut,
     Mechanism,
     OptimizerFactory,
+    Released,
     RunInfo,
     StepContext,
     Update,
@@ -54,6 +55,23 @@ def noise_corrected_square(g: torch.Tensor, noise_var: float) -> torch.Tensor:
     follows makes the estimate non-negative (and biased up where |g_0| << sigma_w).
     """
     return g.square() - noise_var
+
+
+def sample_offsets(stds: Sequence[torch.Tensor],
+                   generator: torch.Generator | None) -> list[torch.Tensor]:
+    """Return e * sigma_v per parameter, e ~ N(0, I) (Alg. 1 line 3: theta - m).
+
+    One flat draw over all parameters in order, so a seed fixes the whole sample.
+    """
+    total = sum(s.numel() for s in stds)
+    device = stds[0].device if stds else None
+    e = torch.randn(total, generator=generator, device=device,
+                    dtype=stds[0].dtype if stds else None)
+    out, start = [], 0
+    for s in stds:
+        out.append(e[start:start + s.numel()].view_as(s) * s)
+        start += s.numel()
+    return out
 
 
 class IVONOptimizer(torch.optim.Optimizer):
@@ -111,20 +129,8 @@ class IVONOptimizer(torch.optim.Optimizer):
                 for _, group, state in self._pairs()]
 
     def sample_offsets(self, generator: torch.Generator | None) -> list[torch.Tensor]:
-        """Return theta - m = e / sqrt(lambda (h + delta)), e ~ N(0, I) (Alg. 1 line 3).
-
-        One flat draw over all parameters in order, so a seed fixes the whole sample.
-        """
-        stds = self.posterior_std()
-        total = sum(s.numel() for s in stds)
-        device = stds[0].device if stds else None
-        e = torch.randn(total, generator=generator, device=device,
-                        dtype=stds[0].dtype if stds else None)
-        out, start = [], 0
-        for s in stds:
-            out.append(e[start:start + s.numel()].view_as(s) * s)
-            start += s.numel()
-        return out
+        """Return theta - m = e / sqrt(lambda (h + delta)), e ~ N(0, I) (Alg. 1 line 3)."""
+        return sample_offsets(self.posterior_std(), generator)
 
     @torch.no_grad()
     def ivon_step(self, grads: Sequence[torch.Tensor], curvature: Sequence[torch.Tensor]) -> None:
@@ -170,14 +176,15 @@ class IVONSettings:
 class PosteriorSampling(Mechanism):
     """Stage 2 of IVON: S posterior samples theta_s = m + e_s / sqrt(lambda (h + delta)).
 
-    ``posterior`` (the update's ``IVONOptimizer``, whose h is post-processing of released
-    gradients) is the mechanism's moving parameter; the samples' gradients are averaged per
-    example before clipping, so any posterior gives one release of the declared sensitivity.
+    ``posterior_std`` (sigma_v per parameter, from the update's h: post-processing of released
+    gradients) is the mechanism's moving parameter, taken in ``advance`` from the update's
+    ``public_state()``; the samples' gradients are averaged per example before clipping, so
+    any posterior gives one release of the declared sensitivity.
     """
 
     def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
         super().__init__(name, settings)
-        self.posterior: IVONOptimizer | None = None  # set by the update's setup
+        self.posterior_std: list[torch.Tensor] | None = None  # sigma_v, set in advance
         self.offsets: list[list[torch.Tensor]] = []  # this step's theta_s - m
 
     def gradient_evaluations_per_step(self) -> int:
@@ -190,10 +197,17 @@ class PosteriorSampling(Mechanism):
         The loop averages the S gradients per example before clipping, so S > 1 costs no
         privacy (docs/ivon.md). The offsets are kept for the reparameterised estimate.
         """
-        assert self.posterior is not None, "the update's setup hands over the posterior"
+        assert self.posterior_std is not None, "advance at set-up takes the posterior"
         s = self.settings["mc_samples"]
-        self.offsets = [self.posterior.sample_offsets(ctx.method_generator) for _ in range(s)]
+        self.offsets = [sample_offsets(self.posterior_std, ctx.method_generator)
+                        for _ in range(s)]
         return [EvalPoint(weight=1.0 / s, offsets=o) for o in self.offsets]
+
+    def advance(self, released: Released) -> None:
+        """Take sigma_v from the update's posterior (``public_state()["posterior_std"]``) and
+        drop the step's samples."""
+        self.posterior_std = list(released.public["posterior_std"])
+        self.offsets = []
 
 
 class IVONUpdate(Update):
@@ -213,7 +227,10 @@ class IVONUpdate(Update):
                               "dpbench.methods.ivon.IVONOptimizer "
                               f"(got {type(self.optimizer).__name__})")
         self.optimizer.set_ess(info.dataset_size)  # lambda = N unless set (paper default)
-        self.mechanism.posterior = self.optimizer
+
+    def public_state(self) -> dict[str, Any]:
+        """Return sigma_v = 1 / sqrt(lambda (h + delta)): what the mechanism samples from."""
+        return {"posterior_std": self.ivon.posterior_std()}
 
     @property
     def ivon(self) -> IVONOptimizer:
@@ -249,7 +266,6 @@ class IVONUpdate(Update):
     def update(self, grads: list[torch.Tensor], ctx: StepContext) -> None:
         """Apply IVON's momentum, curvature and mean update (Alg. 1 lines 5-9)."""
         self.ivon.ivon_step(grads, self.curvature(grads, ctx))
-        self.mechanism.offsets = []
         self._diag["steps"] += 1
         self._diag["zero_fraction_sum"] += self._diag["last_zero_fraction"]
 

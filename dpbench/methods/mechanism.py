@@ -13,12 +13,17 @@ The defaults are DP-SGD with flat clipping (Abadi et al. 2016):
 ``gradient_noise_multiplier``    sigma of the gradient query: sigma (adaptive clipping splits it)
 ``extra_queries(norms, ctx)``    privatised queries besides the gradient: none
 ``noise_shaper(info)``           the map from the i.i.d. noise to the released noise: None
+``advance(released)``            the moving parameters, from released values: none move
 ==============================  ===============================================================
 
 Some mechanisms have parameters that move during a run (the adaptive threshold C_t, DiSK's
-theta_{t-1}, IVON's posterior). The update sets them, from released values only; so the
-mechanism's guarantee must hold for every value they can take, and the sensitivity it
-declares is the one of its current parameters (checked by the loop at every step).
+theta_{t-1}, IVON's posterior scale). They change in ``advance`` alone, which the loop calls
+once per step after the update with the step's released values (``Released``: the noisy
+extra queries, the released gradient, the update's ``public_state()``), and the method calls
+at set-up and after a restore with no release (``step`` None); the update sees the mechanism
+through a read-only view and cannot assign them. The mechanism's guarantee must still hold
+for every value they can take, and the sensitivity it declares is the one of its current
+parameters (checked by the loop at every step).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import torch
 from torch import nn
 
 from dpbench.methods.clipping import flat_clip_factors
-from dpbench.methods.context import RunInfo, StepContext
+from dpbench.methods.context import Released, RunInfo, StepContext
 from dpbench.methods.hooks import PRIVACY_HOOKS, UPDATE_HOOKS, refuse_hooks
 from dpbench.privacy.ledger import Query
 from dpbench.privacy.plan import StepPlan
@@ -157,6 +162,15 @@ class Mechanism:
         with the loop's); it must keep each step's per-participation sensitivity.
         """
         return None
+
+    # ---- the moving parameters (after the update) ----------------------------------------
+    def advance(self, released: Released) -> None:
+        """Move the mechanism's parameters from ``released`` (the only place they change).
+
+        ``released.step`` is the step just taken, or None at set-up and after a restore (then
+        re-derive the state from the public weights and ``released.public``). DP-SGD has no
+        moving parameters.
+        """
 
 
 def gradient_queries(mechanism: Mechanism, ctx: StepContext, plan: StepPlan,

@@ -7,19 +7,24 @@ defaults apply the YAML's optimiser to the released gradient:
 ==============================  ===============================================================
 ``postprocess(grads, ctx)``      filters, denoising of the released gradient: unchanged
 ``update(grads, ctx)``           the optimiser step on the (post-processed) gradient
-``after_step(released, ctx)``    use of the noisy extra queries (e.g. the next threshold)
+``after_step(released, ctx)``    use of the noisy extra queries: nothing
+``public_state()``               what the mechanism's ``advance`` may read: nothing
 ``evaluate(held_out, model)``    the test metrics: the task's, at the current weights
 ``step_metrics()``               per-step diagnostics to log: none
 ==============================  ===============================================================
 
-An update may set its mechanism's moving parameters (``self.mechanism``: the adaptive
-threshold, the previous weights, the posterior) from released values; it may not define a
-mechanism hook (``PRIVACY_HOOKS``), and defining one raises at class creation.
+An update reads its mechanism through ``MechanismView`` (``self.mechanism``): every public
+attribute can be read, none can be assigned or deleted, and the mechanism's own state-changing
+calls (``advance``, ``setup``, ``load_state_dict``) are not reachable. The mechanism's moving
+parameters (the adaptive threshold, the previous weights, the posterior scale) change in its
+``advance`` alone, from released values and ``public_state()``. An update may not define a
+mechanism hook (``PRIVACY_HOOKS``): defining one raises at class creation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -29,23 +34,62 @@ from dpbench.methods.context import HeldOut, RunInfo, StepContext
 from dpbench.methods.hooks import PRIVACY_HOOKS, UPDATE_HOOKS, refuse_hooks
 from dpbench.methods.mechanism import Mechanism
 
-__all__ = ["UPDATE_HOOKS", "OptimizerFactory", "Update"]
+__all__ = ["UPDATE_HOOKS", "MechanismView", "OptimizerFactory", "Update"]
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+#: the mechanism's calls that change its state: the loop's and the method's, not the update's
+_STATE_CHANGING = frozenset({"advance", "setup", "load_state_dict"})
+
+
+class MechanismView:
+    """A read-only view of a mechanism: what an update may know of it.
+
+    Reading an attribute returns the mechanism's (a list as a tuple, a dict as a read-only
+    mapping); assigning or deleting one raises ``AttributeError``, and so does reaching the
+    mechanism's state-changing calls (``advance``, ``setup``, ``load_state_dict``).
+    """
+
+    __slots__ = ("_mechanism",)
+
+    def __init__(self, mechanism: Mechanism) -> None:
+        object.__setattr__(self, "_mechanism", mechanism)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _STATE_CHANGING:
+            raise AttributeError(f"an update cannot call its mechanism's {name!r}: the "
+                                 "mechanism's state changes in its advance hook alone")
+        value = getattr(object.__getattribute__(self, "_mechanism"), name)
+        if isinstance(value, list):
+            return tuple(value)
+        if isinstance(value, dict):
+            return MappingProxyType(value)
+        return value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"an update cannot set its mechanism's {name!r}: the mechanism's "
+                             "state changes in its advance hook alone, from released values")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"an update cannot delete its mechanism's {name!r}")
+
+    def __repr__(self) -> str:
+        return f"MechanismView({object.__getattribute__(self, '_mechanism')!r})"
 
 
 class Update:
     """The YAML's optimiser on the released gradient (SGD with lr 0.1 when none is given).
 
     ``settings`` is the method's checked settings dict (shared with its mechanism), ``name``
-    the method's (for error messages) and ``optimizer`` a Hydra ``_partial_`` factory.
+    the method's (for error messages) and ``optimizer`` a Hydra ``_partial_`` factory;
+    ``self.mechanism`` is a read-only view of ``mechanism`` (``MechanismView``).
     """
 
     def __init__(self, name: str, settings: Mapping[str, Any], mechanism: Mechanism,
                  optimizer: OptimizerFactory | None = None) -> None:
         self.name = name
         self.settings = settings
-        self.mechanism = mechanism
+        self.mechanism = MechanismView(mechanism)
         self.optimizer_factory = optimizer or (lambda p: torch.optim.SGD(p, lr=0.1))
         self.params: list[nn.Parameter] = []
         self.optimizer: torch.optim.Optimizer | None = None
@@ -91,6 +135,11 @@ class Update:
     # ---- stage 9 and evaluation ----------------------------------------------------------
     def after_step(self, released: dict[str, torch.Tensor], ctx: StepContext) -> None:
         """Use the step's noisy extra queries (``released``: name -> noisy sum)."""
+
+    def public_state(self) -> dict[str, Any]:
+        """Return what the mechanism's ``advance`` may read of the update after its step
+        (post-processing of released values, e.g. IVON's posterior scale): nothing here."""
+        return {}
 
     def evaluate(self, held_out: HeldOut, model: nn.Module) -> dict:
         """Return test metrics; default: the task's held-out metrics at the current weights

@@ -28,8 +28,13 @@ def slice_batch(batch: Any, start: int, stop: int) -> Any:
 
 
 def physical_chunks(batch: Any, max_size: int | None):
-    """Yield the logical batch in pieces of at most ``max_size`` (virtual batching)."""
+    """Yield the logical batch in pieces of at most ``max_size`` (virtual batching); a batch
+    that fits in one piece is yielded as it is (no slicing per step)."""
     n = batch_size(batch)
+    if not max_size or n <= max_size:
+        if n > 0:
+            yield batch
+        return
     step = n if not max_size else max_size
     for start in range(0, n, max(step, 1)):
         yield slice_batch(batch, start, min(start + step, n))

@@ -32,6 +32,7 @@ from dpbench.utils.stats import quantile_summary
 from dpbench.utils.tensors import parameters_at
 
 SENSITIVITY_SLACK = 1e-4  # relative slack for float round-off in the sensitivity check
+ONE_PROCESS = Collective()  # the default: a 1-process run (its calls are no-ops)
 
 
 @dataclass
@@ -118,12 +119,12 @@ def clipped_aggregate(method: DPMethod, engine: Engine, task: Task, batch,
             _check_bound(q.name, q.values.abs(), q.sensitivity)
             extra_sums[q.name] = extra_sums.get(q.name, 0.0) + q.values.sum()
             extra_specs[q.name] = q
-        losses.append(loss.detach())
-        norms_all.append(kept_norms.detach())
-        factors_all.append((factors if every else factors[kept.to(factors.device)]).detach())
+        losses.append(_detached(loss))
+        norms_all.append(_detached(kept_norms))
+        factors_all.append(_detached(factors if every else factors[kept.to(factors.device)]))
     if sums is None:  # an empty batch: zero sums (the noise is still added)
         sums = [torch.zeros_like(p) for p in params]
-    if not extra_specs:  # an empty batch still releases every query the method makes
+    if n == 0:  # an empty batch still releases every query the method makes
         extra_specs = {q.name: q for q in method.extra_queries(
             torch.zeros(0, device=sums[0].device), ctx)}
     queries = gradient_queries(method.mechanism, ctx, plan, list(extra_specs.values()))
@@ -131,6 +132,11 @@ def clipped_aggregate(method: DPMethod, engine: Engine, task: Task, batch,
         sums=sums, extra_sums=extra_sums, extra_specs=extra_specs, queries=queries,
         realised_batch=n, losses=_joined(losses), norms=_joined(norms_all),
         factors=_joined(factors_all))
+
+
+def _detached(x: torch.Tensor) -> torch.Tensor:
+    """Return ``x`` out of the graph (itself when it is already: no new tensor per step)."""
+    return x.detach() if x.requires_grad else x
 
 
 def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -158,7 +164,7 @@ def private_release(method: DPMethod, engine: Engine, task: Task, batch,
     global Poisson batch; the pre-noise sums are summed over the ranks, rank 0 alone draws
     and adds the noise, and every rank receives rank 0's release.
     """
-    collective = collective or Collective()
+    collective = collective or ONE_PROCESS
     agg = clipped_aggregate(method, engine, task, batch, ctx, plan, max_physical)
     sums, extra_sums, extra_specs, queries = agg.sums, agg.extra_sums, agg.extra_specs, agg.queries
     device = sums[0].device
@@ -173,7 +179,11 @@ def private_release(method: DPMethod, engine: Engine, task: Task, batch,
                                generator=noise) for s in sums]
         if noise_shaper is not None:
             noises = noise_shaper(noises)
-        released = [(s + z).div_(plan.expected_batch_size) for s, z in zip(sums, noises)]
+            released = [(s + z).div_(plan.expected_batch_size) for s, z in zip(sums, noises)]
+        else:  # the fresh draw takes the sum in place (z + s is s + z exactly) unless the
+            # sum's dtype is wider (a float64 model: s + z promotes the float32 draw)
+            released = [(z.add_(s) if z.dtype == s.dtype else s + z).div_(
+                plan.expected_batch_size) for s, z in zip(sums, noises)]
         for name, value in noisy_extras.items():
             z = torch.normal(0.0, extra_specs[name].noise_std, size=(),
                              device=value.device, generator=noise)
@@ -199,7 +209,7 @@ def nonprivate_gradient(method: DPMethod, model: torch.nn.Module, params, task: 
 
     K processes: each rank's sum over its slice, summed over the ranks, over the global count.
     """
-    collective = collective or Collective()
+    collective = collective or ONE_PROCESS
     n = batch_size(batch)
     sums = [torch.zeros_like(p) for p in params]
     losses = []

@@ -1,4 +1,4 @@
-"""Stages 7-9 of a step: the method's post-processing and update of a release.
+"""Stages 7-10 of a step: post-processing and update of a release, then the mechanism's advance.
 
 Everything here reads released (noisy) values only, so it cannot change epsilon
 (docs/adding-a-method.md). A release, its post-processing or the updated parameters that are
@@ -11,12 +11,13 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterable, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from dpbench.errors import TrainingDiverged
-from dpbench.methods.base import DPMethod, StepContext
+from dpbench.methods.base import DPMethod, Released, StepContext, Update
 from dpbench.training.step import Release
 
 
@@ -44,11 +45,18 @@ def apply_release(method: DPMethod, params: Sequence[torch.nn.Parameter], releas
     saved = _snapshot(method, params) if skip else None
     ok = all_finite(release.grads, release.noisy_extras.values())
     if ok:
-        grads = method.postprocess(release.grads, ctx)
-        ok = all_finite(grads)
+        postprocess = method.postprocess
+        grads = postprocess(release.grads, ctx)
+        # the default post-processing returns the release as it is: checked above already
+        ok = getattr(postprocess, "__func__", None) is Update.postprocess or all_finite(grads)
     if ok:
         method.update(grads, ctx)
         method.after_step(release.noisy_extras, ctx)
+        # the mechanism's moving parameters: from the released values and the update's
+        # public state only (the hook's argument holds nothing else)
+        method.advance(Released(step=ctx.step, extras=MappingProxyType(release.noisy_extras),
+                                grads=tuple(release.grads),
+                                public=MappingProxyType(method.public_state())))
         ok = all_finite(params)
     if not ok and not skip:
         raise TrainingDiverged(

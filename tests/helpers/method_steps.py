@@ -1,10 +1,12 @@
-"""Drive a method's post-release stages (7 and 8) directly on synthetic released gradients."""
+"""Drive a method's post-release stages (7-10) directly on synthetic released gradients."""
 
 from __future__ import annotations
 
 import torch
 
 from dpbench.methods.base import DPMethod, RunInfo, StepContext
+from dpbench.training.step import Release
+from dpbench.training.update import apply_release
 
 
 def info(private: bool = True) -> RunInfo:
@@ -35,8 +37,16 @@ def released_stream(steps: int, shapes=((5, 3), (3,)), seed: int = 1) -> list[li
     return [[torch.randn(*s, generator=gen) * 0.1 for s in shapes] for _ in range(steps)]
 
 
+def post_release(method: DPMethod, grads: list[torch.Tensor], c: StepContext,
+                 extras: dict[str, torch.Tensor] | None = None) -> None:
+    """Apply the loop's stages 7-10 (post-processing, update, after-step, the mechanism's
+    advance) to one released gradient, as ``training.update.apply_release`` does."""
+    release = Release(grads=[g.clone() for g in grads], queries=[],
+                      noisy_extras=dict(extras or {}))
+    apply_release(method, method.params, release, c, skip=False)
+
+
 def run_post_release(method: DPMethod, stream, noise_std: float) -> None:
-    """Apply stages 7-8 to each released gradient of ``stream``."""
+    """Apply stages 7-10 to each released gradient of ``stream``."""
     for t, grads in enumerate(stream):
-        c = ctx(step=t, noise_std=noise_std)
-        method.update(method.postprocess([g.clone() for g in grads], c), c)
+        post_release(method, grads, ctx(step=t, noise_std=noise_std))

@@ -9,9 +9,10 @@ import torch
 
 from dpbench.errors import ConfigError
 from dpbench.methods.adaclip import COUNT_QUERY, AdaClip, geometric_update, gradient_sigma
-from dpbench.methods.base import StepContext
+from dpbench.methods.base import Released, StepContext
 from dpbench.privacy.ledger import Query, combined_noise_multiplier
 from tests.helpers.config import compose_config, run_config
+from tests.helpers.method_steps import params_like, set_up
 
 pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
@@ -65,13 +66,23 @@ def test_count_query_is_centred_with_half_sensitivity():
 
 
 def test_unclipped_fraction_recovered_from_centred_sum():
-    method = AdaClip(clip_lr=0.2, target_quantile=0.5)
-    method.mechanism.threshold, method.mechanism.sigma_b = 2.0, 1.0
-    method.updater.trajectory, method.updater.fractions = [], []
+    method = set_up(AdaClip(clip_lr=0.2, target_quantile=0.5, initial_clip=2.0, sigma_b=1.0),
+                    params_like())  # expected batch size 100
+    assert method.mechanism.threshold == 2.0
     # 100 expected examples, 80 of them unclipped: centred sum 80 * 0.5 - 20 * 0.5 = 30
-    method.after_step({COUNT_QUERY: torch.tensor(30.0)}, _ctx(100.0))
-    assert method.updater.unclipped_fraction == pytest.approx(0.8)
+    method.advance(Released(step=0, extras={COUNT_QUERY: torch.tensor(30.0)}))
+    assert method.mechanism.unclipped_fraction == pytest.approx(0.8)
     assert method.mechanism.threshold == pytest.approx(2.0 * math.exp(-0.2 * (0.8 - 0.5)))
+    metrics = method.step_metrics()  # the update reports the threshold the step used
+    assert metrics == {"clip_threshold": 2.0, "unclipped_fraction": pytest.approx(0.8)}
+    assert method.summary()["clip_threshold_trajectory"] == [2.0]
+
+
+def test_the_threshold_moves_only_with_a_released_count():
+    method = set_up(AdaClip(initial_clip=2.0, sigma_b=1.0), params_like())
+    method.advance(Released(step=0))  # a non-private step: no count released
+    method.advance(Released(step=None))  # set-up / restore: no release
+    assert method.mechanism.threshold == 2.0 and method.mechanism.trajectory == []
 
 
 def test_geometric_update_direction_and_floor():

@@ -14,7 +14,7 @@ import torch
 
 from dpbench.data.base import TaskData
 from dpbench.methods import METHODS, get_method
-from dpbench.methods.base import DPMethod, Mechanism, Update
+from dpbench.methods.base import DPMethod, Mechanism, MechanismView, Update
 from dpbench.methods.hooks import PRIVACY_HOOKS, UPDATE_HOOKS
 from dpbench.training.loop import Trainer
 from dpbench.training.step import clipped_aggregate, private_release
@@ -42,6 +42,8 @@ def _reachable(*roots: object, depth: int = 8) -> list[object]:
                 nxt += list(obj.values())
             elif isinstance(obj, (list, tuple, set, frozenset)):
                 nxt += list(obj)
+            if isinstance(obj, MechanismView):  # the view reads through to its mechanism
+                nxt.append(object.__getattribute__(obj, "_mechanism"))
             if dataclasses.is_dataclass(obj):
                 nxt += [getattr(obj, f.name) for f in dataclasses.fields(obj)]
             if hasattr(obj, "__dict__") and not inspect.isroutine(obj):

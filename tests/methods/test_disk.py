@@ -18,6 +18,7 @@ from tests.helpers.method_steps import (
     ctx,
     info,
     params_like,
+    post_release,
     released_stream,
     run_post_release,
     set_up,
@@ -80,7 +81,7 @@ def test_release_combines_the_two_points_per_example_before_clipping():
                        gamma=0.5), params)
     x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
     task = Classification()
-    disk.update([torch.randn_like(p) for p in params], ctx())  # moves theta: d != 0
+    post_release(disk, [torch.randn_like(p) for p in params], ctx())  # moves theta: d != 0
     c = ctx(step=1)
     c.clip_norm = 0.05  # clips every example: clipping the sum would differ
     release = private_release(disk, engine, task, (x, y), c,

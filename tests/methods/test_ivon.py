@@ -14,6 +14,7 @@ from dpbench.methods.base import RunInfo, StepContext
 from dpbench.methods.ivon import IVON, IVONOptimizer
 from dpbench.utils.tensors import parameters_at
 from tests.helpers.config import compose_config, run_config
+from tests.helpers.method_steps import post_release
 from tests.helpers.numerics import SAFETY, assert_matches_reference
 
 # hess_init exact in float32: ivon-opt adds it as a float32 tensor even to float64 buffers
@@ -64,7 +65,7 @@ def test_reparam_trajectory_matches_ivon_opt_oracle():
         (point,) = method.evaluation_points(ctx)
         with parameters_at(params, point.offsets):
             grads = torch.autograd.grad(loss_fn(ours_model(x), y), params)
-        method.update(list(grads), ctx)
+        post_release(method, list(grads), ctx)  # the update, then the mechanism's advance
     start, _, _ = _problem(dtype=torch.float64)
     for p, q, p0 in zip(params, ref_model.parameters(), start.parameters()):
         assert_matches_reference(p.detach() - p0.detach(), q.detach() - p0.detach(),

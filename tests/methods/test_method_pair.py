@@ -8,18 +8,19 @@ import pytest
 import torch
 
 from dpbench.methods import METHODS, get_method, method_names
-from dpbench.methods.base import DPMethod, Mechanism, Update
+from dpbench.methods.base import DPMethod, Mechanism, MechanismView, Update
 from dpbench.methods.disk import DiSK, TwoPointObservation
 from dpbench.methods.dpadam_bc import AdamBC, DPAdamBC, NoiseCorrectedAdam
 from dpbench.methods.fiber import FIBER
 from dpbench.methods.mechanism import PRIVACY_HOOKS
 from dpbench.methods.update import UPDATE_HOOKS
-from tests.helpers.method_steps import ctx, params_like, set_up
+from tests.helpers.method_steps import ctx, params_like, post_release, set_up
 
 #: the hooks whose result enters the release or the accountant: sampling, the points where
-#: gradients are taken, clipping and its bound, the noise multiplier and shape, extra queries
+#: gradients are taken, clipping and its bound, the noise multiplier and shape, extra queries,
+#: and the one writer of the mechanism's moving parameters (``advance``)
 EPSILON_HOOKS = {"participation_bands", "evaluation_points", "clip_factors", "sensitivity",
-                 "gradient_noise_multiplier", "extra_queries", "noise_shaper"}
+                 "gradient_noise_multiplier", "extra_queries", "noise_shaper", "advance"}
 #: what each half keeps besides its hooks: set-up, facts for results.json, checkpoint state
 HOUSEKEEPING = {"setup", "summary", "state_dict", "load_state_dict"}
 BUILTIN = [n for n in method_names() if METHODS.get(n).__module__.startswith("dpbench.")]
@@ -70,7 +71,8 @@ def test_every_builtin_method_is_a_mechanism_and_an_update(name):
     cls = get_method(name)
     method = cls()
     assert isinstance(method.mechanism, Mechanism) and isinstance(method.updater, Update)
-    assert method.updater.mechanism is method.mechanism
+    assert isinstance(method.updater.mechanism, MechanismView)  # read-only: no assignment
+    assert object.__getattribute__(method.updater.mechanism, "_mechanism") is method.mechanism
     assert method.mechanism.settings is method.settings is method.updater.settings
     # no hook is written on the method class itself: a review reads the mechanism only
     own = {n for klass in cls.__mro__ if klass is not DPMethod and issubclass(klass, DPMethod)
@@ -93,7 +95,7 @@ def test_the_checkpoint_holds_both_halves_in_one_layout():
     for t in range(2):
         c = ctx(step=t, noise_std=0.1)
         method.evaluation_points(c)
-        method.update(method.postprocess([torch.ones_like(p) for p in method.params], c), c)
+        post_release(method, [torch.ones_like(p) for p in method.params], c)
     state = method.state_dict()
     assert list(state) == ["optimizer", "extra"]
     assert list(state["extra"]) == ["previous_params", "filtered", "residual"]

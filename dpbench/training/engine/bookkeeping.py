@@ -24,6 +24,7 @@ the combination, cross terms included, from the recorded activations and output 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +45,7 @@ from dpbench.training.engine.protocol import (
     zero_rows,
 )
 from dpbench.training.engine.rules import Call, Calls, rule_for, unsupported_reason
+from dpbench.training.engine.rules.base import added
 from dpbench.utils.tensors import parameters_at
 
 
@@ -139,7 +141,7 @@ class BookKeepingEngine:
             self._recording = False
         records, self._records = self._records, []
         total = losses.sum()
-        all_finite = bool(torch.isfinite(total))  # one check of the sum, not B
+        all_finite = math.isfinite(float(total.detach()))  # one check of the sum, one read
         if not all_finite:  # a dropped example's loss is masked before the backward
             total = torch.where(torch.isfinite(losses.detach()), losses,
                                 torch.zeros_like(losses)).sum()
@@ -196,9 +198,13 @@ class BookKeepingEngine:
         """
         point_losses, all_finite, layers = [], True, {}
         for point in points:
-            with parameters_at(self.params, point.offsets):
+            if point.offsets is None:  # theta itself (most methods): nothing to move
                 point_loss, finite, point_layers = self._forward_backward(loss_fn, batch,
                                                                           point.weight)
+            else:
+                with parameters_at(self.params, point.offsets):
+                    point_loss, finite, point_layers = self._forward_backward(
+                        loss_fn, batch, point.weight)
             point_losses.append(point_loss)
             all_finite &= finite
             for module, calls in point_layers.items():
@@ -251,9 +257,9 @@ class BookKeepingEngine:
         kept_grads: dict[nn.Parameter, torch.Tensor] = {}  # instantiated per-example grads
         self._layer_norm_sq = {m: self._rules[m].norm_sq(m, calls, kept_grads)
                                for m, calls in layers.items()}
-        norm_sq = sum(self._layer_norm_sq.values()) if layers else torch.zeros_like(losses)
+        norm_sq = added(list(self._layer_norm_sq.values())) if layers else torch.zeros_like(losses)
         norms = norm_sq.sqrt()
-        if all_finite and bool(torch.isfinite(norm_sq.sum())):  # the rule, on the sums
+        if all_finite and math.isfinite(float(norm_sq.sum())):  # the rule, on the sums
             factors = factors_fn(norms).to(norms.dtype)
             kept = torch.ones(len(norms), dtype=torch.bool)
         else:  # a dropped example contributes exactly 0 (its rows zeroed: 0 * inf is NaN)
