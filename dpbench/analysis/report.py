@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="dpbench-report",
         description="Gather results.json files under DIR into a method x epsilon table "
-                    "(mean ± 95 %% t-interval over seeds, n; markdown on stdout; CSV, LaTeX, "
+                    "(mean ± 95 % t-interval over seeds, n; markdown on stdout; CSV, LaTeX, "
                     "runs.csv and a privacy-utility PNG written into DIR). Failed runs are "
                     "listed as failed.")
     parser.add_argument("dir", help="a sweep directory, e.g. outputs/multirun/<sweep>")
