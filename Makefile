@@ -40,20 +40,20 @@ lock: $(STAMP)  ## re-resolve requirements.lock after a change to pyproject.toml
 demo: $(STAMP)  ## the default DP run, offline, no data root (scikit-learn digits), prints the result
 	env -u DPBENCH_DATA_ROOT WANDB_MODE=offline $(BIN)/dpbench
 
-# Tiers (docs/testing.md): test-quick is the edit-test loop, test what CI and the README run
-# in-process, test-processes the tests whose object is a fresh process (signals, torchrun,
-# submitit, the console scripts; CI runs it after test), test-privacy the per-method privacy
-# matrix alone (also part of test). WORKERS: pytest-xdist's
+# Tiers (docs/testing.md): test-quick is the edit-test loop, test what CI and the README run,
+# test-processes the tests whose object is a fresh process (signals, torchrun, submitit, the
+# console scripts; part of test), test-privacy the per-method privacy matrix alone (also part
+# of test). WORKERS: pytest-xdist's
 # -n (auto: one worker per core; 0: one process, no xdist); loadgroup keeps the tests of one
 # xdist_group (one shared fixture) on one worker.
 WORKERS ?= auto
 PYTEST  := $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup
 QUICK   := not slow and not data and not device and not privacy_matrix and not integration
 
-test: $(STAMP)  ## the suite CI runs, in parallel: no data root, no network (slow, data, device, processes left out)
-	$(PYTEST) --durations=15 -m "not slow and not data and not device and not processes"
+test: $(STAMP)  ## the suite CI runs, in parallel: no data root, no network (slow, data, device left out)
+	$(PYTEST) --durations=15 -m "not slow and not data and not device"
 
-test-processes: $(STAMP)  ## fresh processes: signals, torchrun, submitit, console scripts (CI runs it after test)
+test-processes: $(STAMP)  ## fresh processes alone: signals, torchrun, submitit, console scripts (also part of test)
 	$(PYTEST) --durations=10 -m "processes and not slow and not data and not device"
 
 test-quick: $(STAMP)  ## unit and structural tests: no whole runs, subprocesses or privacy matrix
