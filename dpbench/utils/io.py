@@ -89,8 +89,10 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
 def make_dirs(path: str | os.PathLike) -> list[Path]:
     """Create ``path`` and its missing parents; return the folders created, top first.
 
-    On an ``OSError`` the folders created so far are removed again (``remove_created``) and
-    the error is raised: a refused command leaves no folder of its own behind.
+    A folder that another process creates meanwhile (every ``torchrun`` rank creates the same
+    run folder) is used and not counted as created. On any other ``OSError`` the folders
+    created so far are removed again (``remove_created``) and the error is raised: a refused
+    command leaves no folder of its own behind.
     """
     missing, probe = [], Path(path).absolute()
     while not probe.exists() and probe != probe.parent:
@@ -99,7 +101,12 @@ def make_dirs(path: str | os.PathLike) -> list[Path]:
     created: list[Path] = []
     try:
         for folder in reversed(missing):
-            folder.mkdir()
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                if folder.is_dir() and not folder.is_symlink():
+                    continue  # made by a concurrent process: not ours to remove
+                raise
             created.append(folder)
     except OSError:
         remove_created(created)
