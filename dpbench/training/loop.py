@@ -2,7 +2,7 @@
 
 One logical step (docs/privacy.md): sample a Poisson batch -> ``private_release`` (the
 engine's clipped sums at the method's evaluation points, extra queries, noise: ``step``) ->
-ledger + accountant (``privacy.plan.account_release``) -> ``update.apply_release``
+ledger + accountant (``privacy.plan.account_release``) -> ``step.apply_release``
 (post-processing, the update, after-step). Before the first release (and after a resume) the
 per-example engine is checked against plain autograd on a few training examples
 (``engine/check.py``); a wrong engine is never released from. The loop knows neither the task
@@ -36,22 +36,13 @@ from dpbench.training.engine.check import EngineVerifier, record_check
 from dpbench.training.engine.choice import build_verified_engine
 from dpbench.training.engine.protocol import Engine
 from dpbench.training.model_setup import prepare_model
+from dpbench.training.nonprivate import nonprivate_gradient, step_diagnostics
 from dpbench.training.precision import with_precision
 from dpbench.training.preemption import Preempted
-from dpbench.training.run_state import (
-    RunCheckpoint,
-    restore_run_state,
-    run_state,
-)
+from dpbench.training.run_state import RunCheckpoint, restore_run_state, run_state
 from dpbench.training.sampling import remaining_batches, training_loader
-from dpbench.training.step import (
-    Release,
-    nonprivate_gradient,
-    private_release,
-    step_diagnostics,
-)
+from dpbench.training.step import Release, apply_release, private_release
 from dpbench.training.summary import run_summary
-from dpbench.training.update import apply_release
 from dpbench.utils.seeding import run_streams, seed_everything, stream_generator
 from dpbench.utils.tensors import move_to
 
