@@ -40,8 +40,7 @@ from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
 from dpbench.training.distributed import Collective
 from dpbench.training.engine.choice import build_engine
-from dpbench.training.step import plan_at, private_release
-from dpbench.training.update import apply_release
+from dpbench.training.step import apply_release, plan_at, private_release
 from dpbench.utils.conf import GRAD_SAMPLE_MODES
 
 #: model -> (input shape, batch size on CPU, batch size on CUDA); text models' shape is the

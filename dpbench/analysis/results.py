@@ -24,7 +24,7 @@ from dpbench.logging.records import (
     RESULTS_NAME,
     UNPRIVATISED_DIAGNOSTICS,
 )
-from dpbench.privacy.verify import LedgerMismatch, check_record_epsilon
+from dpbench.privacy.record_check import LedgerMismatch, check_record_epsilon
 from dpbench.utils.mac import is_authentic
 from dpbench.utils.safe_json import UnsafeFile, parse_json, read_bytes
 
@@ -76,7 +76,7 @@ def derived_epsilon(record: dict[str, Any], path: Path) -> dict[str, Any]:
     """Return ``record`` with its epsilon re-derived from its own mechanism, never read.
 
     A record with a ``privacy_ledger`` (or marked private) must state the epsilon its ledger
-    gives under its plan (``privacy.verify.check_record_epsilon``), else Unreadable names the
+    gives under its plan (``privacy.record_check.check_record_epsilon``), else Unreadable names the
     disagreement. One with neither (written by hand, or by a dpbench before ledgers) has no
     epsilon to derive: its ``epsilon`` is dropped (None), and it is tabulated only under the
     target it names.

@@ -121,7 +121,7 @@ def environment(device: str | None = None) -> dict[str, Any]:
 
 def _tuning_record(cfg: DictConfig) -> dict[str, Any]:
     """Return how the run's hyper-parameters were chosen, the search's ledger included (a
-    reader re-derives ``total_epsilon`` from it, ``privacy.verify.check_record_epsilon``)."""
+    reader re-derives ``total_epsilon`` from it, ``privacy.record_check.check_record_epsilon``)."""
     tuning = cfg.get("tuning")
     if tuning is None:
         return {"mode": "default"}

@@ -6,7 +6,7 @@ Factorization: A unified approach to private training", NeurIPS 2023 (arXiv 2306
 Per step t (the loop runs every stage; this method only configures two of them):
 
 * sampling: cyclic Poisson over b fixed partitions (``participation_bands`` -> b), so an
-  example takes part at most once in any b consecutive steps (``training/sampling.py``);
+  example takes part at most once in any b consecutive steps (``training/batch_samplers.py``);
 * release: g_hat_t = (sum_i clip(g_i) + sigma S w_t) / B with w = C^{-1} Z, C the b-banded
   unit-norm Toeplitz strategy, computed by the recursion of ``privacy/banded_mf.py`` from the
   last b - 1 noise vectors (``noise_shaper``; memory b x params);

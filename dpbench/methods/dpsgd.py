@@ -12,7 +12,7 @@ import torch
 
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod, Mechanism, StepContext
-from dpbench.methods.clipping import flat_clip_factors
+from dpbench.methods.mechanism import flat_clip_factors
 
 
 @dataclass

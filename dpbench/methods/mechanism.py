@@ -36,14 +36,28 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from dpbench.methods.clipping import flat_clip_factors
 from dpbench.methods.context import Released, RunInfo, StepContext
 from dpbench.methods.hooks import PRIVACY_HOOKS, UPDATE_HOOKS, refuse_hooks
 from dpbench.privacy.ledger import Query
 from dpbench.privacy.plan import StepPlan
 
 __all__ = ["PRIVACY_HOOKS", "EvalPoint", "ExtraQuery", "Mechanism", "NoiseShaper",
-           "gradient_queries"]
+           "flat_clip_factors", "gradient_queries"]
+
+#: guards 0/0 for an all-zero per-example gradient
+NORM_EPS = 1e-6
+
+
+def flat_clip_factors(norms: torch.Tensor, threshold: float, normalize: bool) -> torch.Tensor:
+    """Return min(1, C / ||g_i||), divided by C when ``normalize`` (sensitivity 1).
+
+    Flat clipping (Abadi et al. 2016): clip_C(g) = g min(1, C / ||g||), sensitivity C.
+    Normalised clipping (Zhao et al. 2025, Sec. 3; Andrew et al. 2021): clip_C(g) / C, so
+    every contribution has norm <= 1 and the learning rate is decoupled from C. The rule of
+    every clipping method (stage 5, docs/adding-a-method.md).
+    """
+    factors = (threshold / (norms + NORM_EPS)).clamp(max=1.0)
+    return factors / threshold if normalize else factors
 
 
 class NoiseShaper(Protocol):

@@ -44,7 +44,7 @@ class StepPlan:
     """The mechanism of every step, fixed once from the validated settings before training.
 
     ``sampling``: ``trainer.sampler`` (``poisson``, ``fixed_size``, ``shuffle``), or
-    ``cyclic_poisson`` over ``bands`` partitions (BandMF; ``privacy/events.py``);
+    ``cyclic_poisson`` over ``bands`` partitions (BandMF; ``privacy/ledger.py``);
     ``noise_multiplier``: the sigma calibrated for the run (the
     combined multiplier of a step's queries may not go below it); ``gradient_noise_multiplier``:
     sigma_g of the gradient query (sigma unless the mechanism splits it with extra queries).

@@ -1,24 +1,18 @@
-"""Recompute epsilon from a run's privacy ledger with an independent accountant.
+"""Re-account a run's mechanism along other paths than the accountant that reported it.
 
 A run accounts with its ``privacy.accountant`` (dpbench's grouped, grid-capped, cached use of
-dp-accounting's PLD by default; Opacus's PRV or RDP on request). This module re-derives
-epsilon from ``results.json``'s ``privacy_ledger`` along another path: dp-accounting's generic
-event-by-event ``PLDAccountant`` on a fixed fine grid (Koskela et al. 2020; Doroshenko et al.
-2022), from the raw per-query sensitivities and noise, so a mis-recorded mechanism or an
-under-reporting accountant shows up as a mismatch. Each ledger entry is ``steps`` Poisson-
-subsampled Gaussian mechanisms at rate q whose queries compose into one Gaussian with
-multiplier (sum_k sigma_k^-2)^(-1/2) (ledger.py), recomputed here from the per-query
-sensitivity and noise std rather than read from the entry.
+dp-accounting's PLD by default; Opacus's PRV or RDP on request). ``event_epsilon`` re-accounts
+results.json's ``mechanism.event`` (the run's dp-accounting ``DpEvent``, ``privacy/ledger.py``)
+with the run's accountant, from the event alone: it must equal the reported epsilon.
+``event_pld_epsilon`` hands the same event to dp-accounting's own generic event-by-event
+``PLDAccountant`` on a fixed fine grid (Koskela et al. 2020; Doroshenko et al. 2022), and
+``pld_epsilon`` does the same from a Poisson ledger's raw per-query sensitivities and noise
+(each entry: ``steps`` Poisson-subsampled Gaussians at rate q whose queries compose into one
+with multiplier (sum_k sigma_k^-2)^(-1/2), recomputed rather than read from the entry), so a
+mis-recorded mechanism or an under-reporting accountant shows up as a mismatch.
 
-Entries of a run whose sampler was not Poisson carry it (``sampling``: sampler, neighbouring
-relation, N, B, steps per epoch); they are re-derived from the events ``samplers.dp_event_for``
-states for it, with dp-accounting's PLD accountant, or its RDP accountant under replace-one
-where the PLD accountant has no such event (``fixed_size``): ``ledger_epsilon``.
-
-``event_epsilon`` re-accounts results.json's ``mechanism.event`` (the run's dp-accounting
-``DpEvent``, ``privacy/events.py``) with the run's accountant, from the event alone: it must
-equal the reported epsilon; ``event_pld_epsilon`` hands the same event to dp-accounting's own
-generic PLD accountant, a second path.
+Checking a file's ledger and epsilon against the mechanism it names, and re-deriving a
+non-Poisson ledger, is ``privacy/record_check.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dpbench.privacy.accountant import compose_epsilon
-from dpbench.privacy.events import from_json
+from dpbench.privacy.ledger import from_json
 
 
 def ledger_noise_multiplier(entry: Mapping[str, Any]) -> float:
@@ -64,41 +58,6 @@ def pld_epsilon(ledger: Iterable[Mapping[str, Any]], delta: float,
         accountant.compose(event, count=int(entry["steps"]))
         any_step = True
     return float(accountant.get_epsilon(delta)) if any_step else 0.0
-
-
-def ledger_epsilon(ledger: list[Mapping[str, Any]], delta: float) -> float:
-    """Return epsilon at ``delta`` re-derived from any run's ledger, its sampler included.
-
-    Poisson entries (no ``sampling``) go to ``pld_epsilon``; a ledger of one other sampler is
-    composed from ``dp_event_for``'s events by dp-accounting directly."""
-    from dpbench.privacy.samplers import Sampling, dp_event_for, events_relation
-
-    specs = {tuple(sorted(e["sampling"].items())) if e.get("sampling") else None
-             for e in ledger}
-    if specs == {None} or not ledger:
-        return pld_epsilon(ledger, delta)
-    if len(specs) != 1:
-        raise ValueError("a ledger mixes samplers; each run has one")
-    sampling = Sampling(**ledger[0]["sampling"])
-    history = [(ledger_noise_multiplier(e), float(e["sample_rate"]), int(e["steps"]))
-               for e in ledger]
-    if any(s == 0.0 for s, _, k in history if k > 0):
-        return math.inf
-    history = [(s, q, k) for s, q, k in history if not math.isinf(s)]
-    if not history:
-        return 0.0
-    relation = events_relation(sampling)
-    if sampling.sampler == "fixed_size":
-        from dp_accounting.rdp import rdp_privacy_accountant as rdp
-
-        accountant = rdp.RdpAccountant(neighboring_relation=relation)
-    else:
-        from dp_accounting.pld import pld_privacy_accountant
-
-        accountant = pld_privacy_accountant.PLDAccountant(
-            neighboring_relation=relation, value_discretization_interval=1e-4)
-    accountant.compose(dp_event_for(sampling, history))
-    return float(accountant.get_epsilon(delta))
 
 
 def _groups(event: Any, count: int = 1) -> list[tuple[float, float, int]] | None:
@@ -182,212 +141,3 @@ def event_pld_epsilon(event: Mapping[str, Any] | Any, delta: float,
         value_discretization_interval=discretization)
     accountant.compose(from_json(event))
     return float(accountant.get_epsilon(delta))
-
-
-# ---- re-deriving what a file says against the mechanism it names ---------------------------
-
-#: a ledger's combined multiplier may differ from the plan's by float rounding only (the
-#: loop refuses a release below the plan at the same tolerance, ``plan.account_release``)
-SIGMA_RTOL = 1e-9
-#: a stated epsilon must equal the one re-derived from its ledger this closely
-EPSILON_RTOL = 1e-6
-
-
-class LedgerMismatch(ValueError):
-    """A file's ledger or epsilon disagrees with the mechanism it names (one line, says which)."""
-
-
-def _number(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise LedgerMismatch(f"{what} is not a finite number ({value!r})")
-    return float(value)
-
-
-def accounted_steps(steps: int, bands: int) -> int:
-    """Return how many accountant steps ``steps`` loop steps are: ceil(steps / b)
-    (cyclic Poisson over b bands accounts the first step of every b, ``plan.account_release``)."""
-    return -(-int(steps) // max(int(bands), 1))
-
-
-def check_ledger(ledger: Any, *, noise_multiplier: float, sample_rate: float, bands: int,
-                 steps: int, what: str = "privacy_ledger") -> list[dict[str, Any]]:
-    """Return ``ledger`` if it is exactly the plan's mechanism run for ``steps`` loop steps.
-
-    The plan fixes the mechanism (the loop refuses any other): every entry Poisson-samples at
-    rate b q, its queries combine (``ledger_noise_multiplier``, recomputed from their raw
-    sensitivities and noise) to the calibrated sigma, and the entries hold ceil(steps / b)
-    accountant steps. Anything else raises LedgerMismatch naming ``what``: an emptied ledger,
-    a raised sigma, a lowered rate or a step count that does not match.
-    """
-    sigma = _number(noise_multiplier, f"{what}: the plan's noise_multiplier")
-    rate = _number(sample_rate, f"{what}: the plan's sample_rate") * max(int(bands), 1)
-    if not isinstance(ledger, list):
-        raise LedgerMismatch(f"{what} is not a list of ledger entries")
-    total = 0
-    for i, entry in enumerate(ledger):
-        where = f"{what}[{i}]"
-        if not isinstance(entry, dict) or not isinstance(entry.get("queries"), list) or not all(
-                isinstance(q, dict) for q in entry["queries"]):
-            raise LedgerMismatch(f"{where} is not a ledger entry with its queries")
-        n = entry.get("steps")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise LedgerMismatch(f"{where}.steps is not an integer >= 0 ({n!r})")
-        if not math.isclose(_number(entry.get("sample_rate"), f"{where}.sample_rate"), rate,
-                            rel_tol=1e-12):
-            raise LedgerMismatch(f"{where}.sample_rate is {entry.get('sample_rate')!r}, not the "
-                                 f"plan's {rate:.6g}")
-        try:
-            for q in entry["queries"]:
-                _number(q.get("sensitivity"), f"{where}.queries.sensitivity")
-                _number(q.get("noise_std"), f"{where}.queries.noise_std")
-            combined = ledger_noise_multiplier(entry)
-        except (KeyError, TypeError) as err:
-            raise LedgerMismatch(f"{where}.queries are not (sensitivity, noise_std) queries "
-                                 f"({err})") from None
-        stored = _number(entry.get("noise_multiplier"), f"{where}.noise_multiplier")
-        if not (math.isclose(combined, sigma, rel_tol=SIGMA_RTOL)
-                and math.isclose(stored, sigma, rel_tol=SIGMA_RTOL)):
-            raise LedgerMismatch(f"{where} noise multiplier is {combined:.6g} (stored "
-                                 f"{stored:.6g}), not the plan's {sigma:.6g}")
-        total += n
-    expected = accounted_steps(steps, bands)
-    if total != expected:
-        raise LedgerMismatch(f"{what} holds {total} accounted steps, but {steps} steps ran "
-                             f"(expected {expected})")
-    return ledger
-
-
-def ledger_history(ledger: list[dict[str, Any]]) -> list[tuple[float, float, int]]:
-    """Return the accountant's (sigma, q, steps) history of a checked ledger, in order,
-    merged as ``PrivacyAccountant.step`` merges consecutive equal (sigma, q)."""
-    history: list[tuple[float, float, int]] = []
-    for entry in ledger:
-        if entry["steps"] <= 0:
-            continue
-        key = (float(entry["noise_multiplier"]), float(entry["sample_rate"]))
-        if history and history[-1][:2] == key:
-            history[-1] = (*key, history[-1][2] + int(entry["steps"]))
-        else:
-            history.append((*key, int(entry["steps"])))
-    return history
-
-
-def check_record_epsilon(record: Mapping[str, Any], what: str = "results.json"
-                         ) -> float | None:
-    """Return the epsilon re-derived from a record's own mechanism; LedgerMismatch if it
-    disagrees with what the record states.
-
-    The record's plan facts (noise_multiplier, sample_rate, participation_bands, steps) fix
-    the ledger (``check_ledger``); the epsilon is recomputed from the ledger by the record's
-    accountant at its delta, and must equal the stated one (``EPSILON_RTOL``). A completed
-    record calibrated to a target must spend it (calibration lands within its tolerance
-    below the target): a raised sigma is refused. Returns None for a non-private record
-    (epsilon infinite) and for one that states no epsilon.
-    """
-    from dpbench.privacy.accountant import compose_epsilon
-    from dpbench.privacy.calibration import RELATIVE_TOLERANCE
-
-    if record.get("private") is False:
-        if record.get("epsilon") is not None and record.get("epsilon") != math.inf:
-            raise LedgerMismatch(f"{what}: a non-private run states epsilon "
-                                 f"{record.get('epsilon')!r}")
-        return None
-    stated = record.get("epsilon")
-    if stated is None and "privacy_ledger" not in record:
-        return None
-    ledger = record.get("privacy_ledger")
-    if ledger is None:
-        raise LedgerMismatch(f"{what} states epsilon {stated!r} but has no privacy_ledger to "
-                             "derive it from")
-    steps = record.get("steps")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise LedgerMismatch(f"{what}: steps is not an integer >= 0 ({steps!r})")
-    bands = record.get("participation_bands") or 1
-    if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
-        raise LedgerMismatch(f"{what}: participation_bands is not an integer >= 1 ({bands!r})")
-    ledger = check_ledger(ledger, noise_multiplier=record.get("noise_multiplier"),
-                          sample_rate=record.get("sample_rate"), bands=bands, steps=steps,
-                          what=f"{what}: privacy_ledger")
-    delta = _number(record.get("delta"), f"{what}: delta")
-    if not 0 < delta < 1:
-        raise LedgerMismatch(f"{what}: delta {delta!r} is not in (0, 1)")
-    accountant = record.get("accountant")
-    history = ledger_history(ledger)
-    sampling = _ledger_sampling(record, ledger, what)
-    try:
-        if not history:
-            derived = 0.0
-        elif sampling is None:
-            derived = compose_epsilon(history, delta, accountant)
-        else:
-            from dpbench.privacy.accountant import epsilon as poisson_epsilon
-            from dpbench.privacy.samplers import resolve_sampling, sampling_epsilon
-
-            resolve_sampling(sampling.sampler, sampling.neighbouring, accountant)
-            derived = sampling_epsilon(sampling, accountant, history, delta, poisson_epsilon)
-    except Exception as err:  # noqa: BLE001 - an unknown accountant or an unaccountable ledger
-        raise LedgerMismatch(f"{what}: its ledger cannot be accounted ({err})") from None
-    if stated is None or not math.isclose(_number(stated, f"{what}: epsilon"), derived,
-                                          rel_tol=EPSILON_RTOL, abs_tol=1e-12):
-        raise LedgerMismatch(f"{what} states epsilon {stated!r}, but its ledger gives "
-                             f"{derived:.6g}")
-    _check_total(record, ledger, derived, delta, accountant, what)
-    target = record.get("target_epsilon")
-    planned = record.get("planned_steps")
-    if (record.get("status") == "completed" and isinstance(target, (int, float))
-            and steps == planned and derived < target * (1 - 2 * RELATIVE_TOLERANCE)):
-        raise LedgerMismatch(f"{what} spends epsilon {derived:.6g}, below its target {target:g} "
-                             "less the calibration's tolerance: its noise is not the calibrated "
-                             "one")
-    return derived
-
-
-def _ledger_sampling(record: Mapping[str, Any], ledger: list[dict[str, Any]],
-                     what: str) -> Any:
-    """Return the ``Sampling`` the ledger's entries name (None: Poisson), which must be one for
-    every entry and agree with the record's ``sampler``; LedgerMismatch otherwise."""
-    from dpbench.privacy.samplers import Sampling
-
-    specs = [e.get("sampling") for e in ledger]
-    if any(spec != specs[0] for spec in specs):
-        raise LedgerMismatch(f"{what}: privacy_ledger mixes samplers")
-    named = record.get("sampler", "poisson")
-    if not specs or specs[0] is None:
-        if named != "poisson":
-            raise LedgerMismatch(f"{what}: sampler {named!r} but a Poisson privacy_ledger")
-        return None
-    try:
-        sampling = Sampling(**specs[0])
-    except TypeError as err:
-        raise LedgerMismatch(f"{what}: privacy_ledger's sampling is not a sampler ({err})"
-                             ) from None
-    if sampling.sampler != named or sampling.poisson:
-        raise LedgerMismatch(f"{what}: sampler {named!r} but the ledger names "
-                             f"{sampling.sampler!r}")
-    return sampling
-
-
-def _check_total(record: Mapping[str, Any], ledger: list[dict[str, Any]], derived: float,
-                 delta: float, accountant: Any, what: str) -> None:
-    """Refuse a tuned record whose ``tuning.total_epsilon`` is not search + run re-derived
-    from its search's ledger and selection epsilon (``selection.search_and_run_epsilon``)."""
-    from dpbench.privacy.selection import search_and_run_epsilon
-
-    tuning = record.get("tuning")
-    if not isinstance(tuning, Mapping) or tuning.get("mode") != "accounted":
-        return
-    search = tuning.get("search_ledger")
-    if not isinstance(search, list) or not all(
-            isinstance(e, Mapping) and isinstance(e.get("steps"), int) for e in search):
-        raise LedgerMismatch(f"{what}: an accounted tuning without its search_ledger")
-    selection = _number(tuning.get("selection_epsilon"), f"{what}: tuning.selection_epsilon")
-    try:
-        total = search_and_run_epsilon(list(search), selection, ledger, derived, delta,
-                                       accountant)
-    except (KeyError, TypeError, ValueError) as err:
-        raise LedgerMismatch(f"{what}: its search_ledger cannot be accounted ({err})") from None
-    stated = tuning.get("total_epsilon")
-    if isinstance(stated, bool) or not isinstance(stated, (int, float)) or not math.isclose(
-            stated, total, rel_tol=EPSILON_RTOL, abs_tol=1e-12):
-        raise LedgerMismatch(f"{what} states tuning.total_epsilon {stated!r}, but its "
-                             f"search and run give {total:.6g}")

@@ -137,9 +137,9 @@ def completed_record(spec: RunSpec, results: Path) -> dict | None:
 
     Raise ConfigError if another config wrote it (resuming would hand back its results), if
     its MAC does not verify with this user's key, or if its epsilon is not the one its own
-    mechanism gives (``privacy.verify.check_record_epsilon``).
+    mechanism gives (``privacy.record_check.check_record_epsilon``).
     """
-    from dpbench.privacy.verify import LedgerMismatch, check_record_epsilon
+    from dpbench.privacy.record_check import LedgerMismatch, check_record_epsilon
     from dpbench.spec import fingerprint
     from dpbench.utils.mac import verify_mac
     from dpbench.utils.safe_json import UnsafeFile, parse_json, read_bytes

@@ -162,6 +162,23 @@ def launched_world_size() -> int:
                           f"(got {value!r})") from None
 
 
+def device_name(device: torch.device) -> str:
+    """Return e.g. ``cpu`` or ``cuda:0 (NVIDIA H200)``."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return str(device)
+
+
+def resolve_device(name: str, collective: Collective | None = None) -> torch.device:
+    """Return the run's device; rank r of a multi-process run on CUDA uses cuda:LOCAL_RANK."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if collective is not None and collective.distributed and name.startswith("cuda"):
+        return torch.device("cuda", collective.local_rank)
+    return torch.device(name)
+
+
 def init_collective(device: str) -> Collective:
     """Join the process group torchrun described in the environment (1 process: no-op).
 

@@ -2,7 +2,7 @@
 
 One logical step (docs/privacy.md): sample a Poisson batch -> ``private_release`` (the
 engine's clipped sums at the method's evaluation points, extra queries, noise: ``step``) ->
-ledger + accountant (``privacy.plan.account_release``) -> ``update.apply_release``
+ledger + accountant (``privacy.plan.account_release``) -> ``step.apply_release``
 (post-processing, the update, after-step). Before the first release (and after a resume) the
 per-example engine is checked against plain autograd on a few training examples
 (``engine/check.py``); a wrong engine is never released from. The loop knows neither the task
@@ -31,27 +31,18 @@ from dpbench.methods.context import HeldOut
 from dpbench.privacy import PrivacyAccountant, PrivacyLedger
 from dpbench.privacy.plan import PrivacyPlan, account_release, plan_privacy, step_plan
 from dpbench.tasks.base import Task
-from dpbench.training.distributed import Collective, shard_loader
+from dpbench.training.distributed import Collective, device_name, resolve_device, shard_loader
 from dpbench.training.engine.check import EngineVerifier, record_check
 from dpbench.training.engine.choice import build_verified_engine
 from dpbench.training.engine.protocol import Engine
 from dpbench.training.model_setup import prepare_model
+from dpbench.training.nonprivate import nonprivate_gradient, step_diagnostics
 from dpbench.training.precision import with_precision
 from dpbench.training.preemption import Preempted
-from dpbench.training.run_state import (
-    RunCheckpoint,
-    restore_run_state,
-    run_state,
-)
+from dpbench.training.run_state import RunCheckpoint, restore_run_state, run_state
 from dpbench.training.sampling import remaining_batches, training_loader
-from dpbench.training.step import (
-    Release,
-    nonprivate_gradient,
-    private_release,
-    step_diagnostics,
-)
+from dpbench.training.step import Release, apply_release, private_release
 from dpbench.training.summary import run_summary
-from dpbench.training.update import apply_release
 from dpbench.utils.seeding import run_streams, seed_everything, stream_generator
 from dpbench.utils.tensors import move_to
 
@@ -71,23 +62,6 @@ class Callback:
     def on_step_end(self, trainer: Trainer, metrics: dict[str, float]) -> None: ...
     def on_epoch_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None: ...
     def on_run_end(self, trainer: Trainer, result: dict[str, Any]) -> None: ...
-
-
-def _device_name(device: torch.device) -> str:
-    """Return e.g. ``cpu`` or ``cuda:0 (NVIDIA H200)``."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
-    return str(device)
-
-
-def resolve_device(name: str, collective: Collective | None = None) -> torch.device:
-    """Return the run's device; rank r of a multi-process run on CUDA uses cuda:LOCAL_RANK."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if collective is not None and collective.distributed and name.startswith("cuda"):
-        return torch.device("cuda", collective.local_rank)
-    return torch.device(name)
 
 
 def run_plan(method: DPMethod, privacy: PrivacyConfig, trainer: TrainerConfig,
@@ -169,7 +143,7 @@ class Trainer:
             cyclic=method.participation_bands() is not None)
         # K processes: the global batch (any sampler), each rank its slice (distributed.py)
         self.train_loader = shard_loader(loader, self.collective)
-        self.devices = self.collective.gather_strings(_device_name(self.device))
+        self.devices = self.collective.gather_strings(device_name(self.device))
         self.test_loader = DataLoader(self.data.test, batch_size=trainer.eval_batch_size)
         # what an update's evaluation sees: the test metrics and log-probabilities only
         held_task, test_loader, device = self.task, self.test_loader, self.device

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dpbench.errors import ConfigError
-from dpbench.privacy.verify import LedgerMismatch, check_ledger, ledger_history
+from dpbench.privacy.record_check import LedgerMismatch, check_ledger, ledger_history
 from dpbench.training.checkpoint import (
     CHECKPOINT_NAME,
     load_checkpoint_bytes,
@@ -74,7 +74,7 @@ def restore_privacy_state(trainer: Any, state: dict[str, Any]) -> None:
 
     Neither is loaded as written: the checkpoint's ledger is accepted only if it is exactly
     the plan's mechanism (rate b q, the calibrated sigma) for the steps its counter says ran
-    (``privacy.verify.check_ledger``), and the accountant's history is rebuilt from it, so an
+    (``privacy.record_check.check_ledger``), and the accountant's history is rebuilt from it, so an
     emptied ledger, a raised sigma or a moved counter is refused (docs/reliability-bad-input.md).
     """
     plan = trainer.plan

@@ -1,35 +1,42 @@
-"""Stages 3-6 of a step: the engine's clipped sums, the extra queries and the Gaussian release.
+"""One step: the engine's clipped sums, the extra queries and the Gaussian release (stages
+3-6), then a release's post-processing, the update and the mechanism's advance (stages 7-10).
 
-This module and the accountant are the only code that touches raw data or noise. Methods
-supply evaluation points, clip factors and extra queries; the release is always
-``g = (sum_i w_i u_i + N(0, (sigma_g S)^2 I)) / B`` with S the method's sensitivity and B the
-*expected* batch size (docs/privacy.md).
+``clipped_aggregate`` and ``private_release`` are, with the accountant, the only code of a
+private step that touches raw data or noise. Methods supply evaluation points, clip factors
+and extra queries; the release is always ``g = (sum_i w_i u_i + N(0, (sigma_g S)^2 I)) / B``
+with S the method's sensitivity and B the *expected* batch size (docs/privacy.md).
+``apply_release`` reads released (noisy) values only, so it cannot change epsilon
+(docs/adding-a-method.md). A non-private run's exact gradient and a step's un-privatised
+diagnostics are in ``nonprivate.py``.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
-from dpbench.errors import PrivacyError
+from dpbench.errors import PrivacyError, TrainingDiverged
 from dpbench.methods.base import (
     DPMethod,
     ExtraQuery,
     NoiseShaper,
+    Released,
     StepContext,
+    Update,
     gradient_queries,
 )
 from dpbench.privacy.ledger import Query
 from dpbench.privacy.plan import StepPlan
 from dpbench.tasks.base import Task
-from dpbench.training.batches import batch_size, physical_chunks, select_rows
+from dpbench.training.batches import batch_size, physical_chunks
 from dpbench.training.distributed import Collective
-from dpbench.training.engine.protocol import Engine, finite_losses
-from dpbench.utils.stats import quantile_summary
-from dpbench.utils.tensors import parameters_at
+from dpbench.training.engine.protocol import Engine
 
 SENSITIVITY_SLACK = 1e-4  # relative slack for float round-off in the sensitivity check
 ONE_PROCESS = Collective()  # the default: a 1-process run (its calls are no-ops)
@@ -202,63 +209,63 @@ def private_release(method: DPMethod, engine: Engine, task: Task, batch,
     )
 
 
-def nonprivate_gradient(method: DPMethod, model: torch.nn.Module, params, task: Task, batch,
-                        ctx: StepContext, max_physical: int | None, *,
-                        collective: Collective | None = None) -> Release:
-    """Return the exact mean gradient of the realised batch (no clipping, no noise).
+# ---- stages 7-10: post-processing, update, advance (released values only) ---------------
 
-    K processes: each rank's sum over its slice, summed over the ranks, over the global count.
+def all_finite(*groups: Iterable[torch.Tensor]) -> bool:
+    """Return whether every tensor in ``groups`` (iterables of tensors) is finite.
+
+    One check for all of them: the largest |x| over every floating tensor (torch's
+    ``get_total_norm`` of order inf) is finite exactly when each entry is, since a maximum
+    propagates NaN and cannot overflow; one device sync instead of one per tensor.
     """
-    collective = collective or ONE_PROCESS
-    n = batch_size(batch)
-    sums = [torch.zeros_like(p) for p in params]
-    losses = []
-    points = method.evaluation_points(ctx)  # once per step (not per chunk), as the DP path
-    for chunk in (physical_chunks(batch, max_physical) if n > 0 else []):
-        for point in points:
-            with parameters_at(params, point.offsets):
-                for p in params:
-                    p.grad = None
-                loss = _finite_loss(task, model, chunk)  # the same drop policy as DP runs
-                (point.weight * loss.sum()).backward()
-                for s, p in zip(sums, params):
-                    if p.grad is not None:
-                        s.add_(p.grad)
-            losses.append(loss.detach())
-    for p in params:
-        p.grad = None
-    collective.sum_(sums)
-    n = collective.count(n, sums[0].device if sums else "cpu")
-    grads = [s / max(n, 1) for s in sums]
-    kept = torch.cat(losses) if losses else torch.zeros(0)
-    return Release(grads=grads, queries=[], realised_batch=n,
-                   losses=collective.cat(kept, sums[0].device if sums else "cpu"))
+    tensors = [t for group in groups for t in group
+               if t.numel() and (t.is_floating_point() or t.is_complex())]
+    if not tensors:
+        return True
+    return bool(torch.isfinite(torch.nn.utils.get_total_norm(tensors, math.inf)))
 
 
-def _finite_loss(task: Task, model: torch.nn.Module, batch) -> torch.Tensor:
-    """Return the per-example losses of the examples whose loss is finite (graph attached).
+def apply_release(method: DPMethod, params: Sequence[torch.nn.Parameter], release: Release,
+                  ctx: StepContext, skip: bool, epoch: int = 0) -> bool:
+    """Post-process and apply ``release``; return False if it was not finite and skipped.
 
-    The others are dropped by recomputing without them: masking alone would still
-    back-propagate 0 * NaN into every parameter.
+    With ``skip`` the parameters and the method's state are restored to what they were
+    before a step that was not finite; without it the run stops (``TrainingDiverged``).
     """
-    while True:
-        loss = task.per_example_loss(model, batch)
-        finite = finite_losses(loss)  # the engines' drop rule (engine/protocol.py)
-        if bool(finite.all()):
-            return loss
-        batch = select_rows(batch, finite.nonzero().flatten())
+    saved = _snapshot(method, params) if skip else None
+    ok = all_finite(release.grads, release.noisy_extras.values())
+    if ok:
+        postprocess = method.postprocess
+        grads = postprocess(release.grads, ctx)
+        # the default post-processing returns the release as it is: checked above already
+        ok = getattr(postprocess, "__func__", None) is Update.postprocess or all_finite(grads)
+    if ok:
+        method.update(grads, ctx)
+        method.after_step(release.noisy_extras, ctx)
+        # the mechanism's moving parameters: from the released values and the update's
+        # public state only (the hook's argument holds nothing else)
+        method.advance(Released(step=ctx.step, extras=MappingProxyType(release.noisy_extras),
+                                grads=tuple(release.grads),
+                                public=MappingProxyType(method.public_state())))
+        ok = all_finite(params)
+    if not ok and not skip:
+        raise TrainingDiverged(
+            f"non-finite released gradient or update at step {ctx.step} (epoch {epoch}); the "
+            "last good checkpoint is kept. Lower the learning rate, or set "
+            "trainer.nonfinite=skip to skip such updates (they stay accounted)")
+    if not ok:
+        _restore(method, params, saved)
+    return ok
 
 
-def step_diagnostics(release: Release, task: Task) -> dict[str, Any]:
-    """Return a step's un-privatised diagnostics of the kept examples (non-finite ones are
-    dropped): the realised batch size, the mean loss, the clip fraction and norm quantiles,
-    and the task's own. Sinks leave them out unless asked (docs/privacy-unit-and-streams.md).
-    """
-    out: dict[str, Any] = {
-        "batch_size": release.realised_batch,
-        "loss": float(release.losses.mean()) if release.losses.numel() else math.nan}
-    if release.norms is not None and release.norms.numel():
-        out["clip_fraction"] = release.clipped_fraction
-        out.update(quantile_summary("grad_norm", release.norms))
-    out.update(task.step_metrics())
-    return out
+def _snapshot(method: DPMethod, params: Sequence[torch.nn.Parameter]) -> dict[str, Any]:
+    return {"params": [p.detach().clone() for p in params],
+            "method": copy.deepcopy(method.state_dict())}
+
+
+def _restore(method: DPMethod, params: Sequence[torch.nn.Parameter],
+             saved: dict[str, Any]) -> None:
+    with torch.no_grad():
+        for p, v in zip(params, saved["params"]):
+            p.copy_(v)
+    method.load_state_dict(saved["method"])

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpbench.privacy.events import run_event, to_json
 from dpbench.privacy.gap import gap_record
+from dpbench.privacy.ledger import run_event, to_json
 
 #: what results.json says about ``unprivatised_diagnostics`` (see docs/privacy-unit-and-streams.md)
 UNPRIVATISED_DIAGNOSTICS_NOTE = (
@@ -51,7 +51,7 @@ def unprivatised_diagnostics(trainer: Any) -> dict[str, Any]:
 
 def mechanism_record(trainer: Any) -> dict[str, Any]:
     """Return results.json's ``mechanism``: how examples were sampled and the run's release as
-    a serialised dp-accounting ``DpEvent`` (privacy/events.py), re-accounted by
+    a serialised dp-accounting ``DpEvent`` (privacy/ledger.py), re-accounted by
     ``privacy.verify.event_epsilon``."""
     plan = trainer.step_plan
     return {"sampling": plan.sampling, "bands": plan.bands,

@@ -269,7 +269,7 @@ def _check_trial(source: Any, key: str, i: int, trial: dict[str, Any],
     """
     from dpbench.privacy.calibration import RELATIVE_TOLERANCE
     from dpbench.privacy.composition import compose_ledgers
-    from dpbench.privacy.verify import accounted_steps
+    from dpbench.privacy.record_check import accounted_steps
 
     field = f"trials[{i}]"
     own = compose_ledgers([ledger], delta, accountant)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 from dpbench.methods.base import DPMethod, RunInfo, StepContext
-from dpbench.training.step import Release
-from dpbench.training.update import apply_release
+from dpbench.training.step import Release, apply_release
 
 
 def info(private: bool = True) -> RunInfo:
@@ -40,7 +39,7 @@ def released_stream(steps: int, shapes=((5, 3), (3,)), seed: int = 1) -> list[li
 def post_release(method: DPMethod, grads: list[torch.Tensor], c: StepContext,
                  extras: dict[str, torch.Tensor] | None = None) -> None:
     """Apply the loop's stages 7-10 (post-processing, update, after-step, the mechanism's
-    advance) to one released gradient, as ``training.update.apply_release`` does."""
+    advance) to one released gradient, as ``training.step.apply_release`` does."""
     release = Release(grads=[g.clone() for g in grads], queries=[],
                       noisy_extras=dict(extras or {}))
     apply_release(method, method.params, release, c, skip=False)

@@ -14,12 +14,12 @@ from dpbench.errors import ConfigError
 from dpbench.experiment import build_trainer
 from dpbench.methods.bandmf import BandMF
 from dpbench.privacy.verify import pld_epsilon
-from dpbench.training.loop import Callback
-from dpbench.training.sampling import (
+from dpbench.training.batch_samplers import (
     CyclicPoissonSampler,
     cyclic_poisson_loader,
     fixed_partitions,
 )
+from dpbench.training.loop import Callback
 from tests.helpers.config import compose_config
 from tests.helpers.ledger import check_ledger
 from tests.helpers.method_matrix import method_overrides

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from dpbench.privacy.events import from_json, run_event, to_json
+from dpbench.privacy.ledger import from_json, run_event, to_json
 from dpbench.privacy.verify import event_epsilon
 from tests.helpers.config import compose_config, run_config
 from tests.helpers.ledger import check_ledger, event_pld, ledger_pld_epsilon

@@ -17,9 +17,9 @@ from dpbench.errors import ConfigError
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.calibration import RELATIVE_TOLERANCE, calibrate_noise_multiplier
 from dpbench.privacy.gap import epsilon_if_poisson, lower_bound
+from dpbench.privacy.record_check import ledger_epsilon
 from dpbench.privacy.samplers import ADD_REMOVE, REPLACE_ONE, SAMPLERS, Sampling, resolve_sampling
 from dpbench.privacy.shuffle_bound import shuffle_lower_bound
-from dpbench.privacy.verify import ledger_epsilon
 
 DELTA = 1e-5
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpbench.training.update import all_finite
+from dpbench.training.step import all_finite
 
 BIG = torch.finfo(torch.float32).max
 NAN, INF = float("nan"), float("inf")

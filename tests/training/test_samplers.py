@@ -15,10 +15,11 @@ from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
 from dpbench.experiment import build_trainer
 from dpbench.privacy.samplers import SAMPLERS as ACCOUNTED
+from dpbench.training.batch_samplers import FixedSizeSampler, ShuffleSampler
 from dpbench.training.checkpoint import load_checkpoint
 from dpbench.training.distributed import Collective, ShardedBatchSampler
 from dpbench.training.preemption import Preempted
-from dpbench.training.sampling import SAMPLERS, FixedSizeSampler, ShuffleSampler
+from dpbench.training.sampling import SAMPLERS
 from tests.helpers.config import compose_config
 from tests.helpers.distributed import torchrun_command as _torchrun
 from tests.helpers.distributed import torchrun_env as _env
