@@ -55,11 +55,16 @@ from dpbench.methods.mechanism import (
     gradient_queries,
 )
 from dpbench.methods.settings import NoSettings, checked_settings
-from dpbench.methods.update import MechanismView, OptimizerFactory, Update
+from dpbench.methods.update import (
+    MechanismView,
+    OptimizerFactory,
+    Update,
+    mechanism_unchanged,
+)
 
 __all__ = ["DPMethod", "EvalPoint", "ExtraQuery", "HeldOut", "Mechanism", "MechanismView",
            "NoiseShaper", "OptimizerFactory", "Released", "RunInfo", "StepContext", "Update",
-           "check_pair", "gradient_queries"]
+           "check_pair", "gradient_queries", "mechanism_unchanged"]
 
 
 def check_pair(cls: type) -> None:
@@ -144,13 +149,15 @@ class DPMethod:
         to the update's public state (``advance`` with no release)."""
         self.info = info
         self.mechanism.setup(params, info)
-        self.updater.setup(params, info)
+        with mechanism_unchanged(self.mechanism, "setup"):
+            self.updater.setup(params, info)
         self._resync()
 
     def _resync(self) -> None:
         """Call the mechanism's ``advance`` with no release: set-up and after a restore."""
-        self.mechanism.advance(Released(step=None, public=MappingProxyType(
-            self.updater.public_state())))
+        with mechanism_unchanged(self.mechanism, "public_state"):
+            public = MappingProxyType(self.updater.public_state())
+        self.mechanism.advance(Released(step=None, public=public))
 
     def gradient_evaluations_per_step(self) -> int:
         """Return how many gradient evaluations a step makes (compute, not privacy)."""
@@ -171,7 +178,8 @@ class DPMethod:
             self.optimizer.load_state_dict(state["optimizer"])
         extra = state.get("extra") or {}
         self.mechanism.load_state_dict(extra)
-        self.updater.load_state_dict(extra)
+        with mechanism_unchanged(self.mechanism, "load_state_dict"):
+            self.updater.load_state_dict(extra)
         if self.info is not None:  # set up: the restored weights and update state
             self._resync()
 

@@ -23,13 +23,15 @@ mechanism hook (``PRIVACY_HOOKS``): defining one raises at class creation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import nn
 
+from dpbench.errors import PrivacyError
 from dpbench.methods.context import HeldOut, RunInfo, StepContext
 from dpbench.methods.hooks import PRIVACY_HOOKS, UPDATE_HOOKS, refuse_hooks
 from dpbench.methods.mechanism import Mechanism
@@ -75,6 +77,36 @@ class MechanismView:
 
     def __repr__(self) -> str:
         return f"MechanismView({object.__getattribute__(self, '_mechanism')!r})"
+
+
+def _mechanism_tensors(mechanism: Mechanism) -> list[torch.Tensor]:
+    """Return the tensors a mechanism holds: its attributes, and those in its lists, tuples
+    and dicts; the trainable parameters aside (changing them is the update's job)."""
+    found: list[torch.Tensor] = []
+    todo, seen = list(vars(mechanism).values()), set()
+    while todo:
+        value = todo.pop()
+        if isinstance(value, nn.Parameter):
+            continue
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple, Mapping)) and id(value) not in seen:
+            seen.add(id(value))
+            todo.extend(value.values() if isinstance(value, Mapping) else value)
+    return found
+
+
+@contextmanager
+def mechanism_unchanged(mechanism: Mechanism, during: str) -> Iterator[None]:
+    """Raise ``PrivacyError`` if the update code run inside changed one of the mechanism's
+    tensors in place (``t.add_()`` on a tensor the view handed out): every in-place write
+    bumps a tensor's version counter, so the mechanism's state changes in ``advance`` alone."""
+    held = [(tensor, tensor._version) for tensor in _mechanism_tensors(mechanism)]
+    yield
+    if any(tensor._version != version for tensor, version in held):
+        raise PrivacyError(f"{type(mechanism).__name__}: the update changed the mechanism's "
+                           f"state in place during {during}; a mechanism's moving parameters "
+                           "change in its advance hook alone, from released values")
 
 
 class Update:

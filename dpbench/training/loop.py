@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 
 from dpbench.config.schema import PrivacyConfig, TrainerConfig
 from dpbench.data.base import TaskData
-from dpbench.methods.base import DPMethod, RunInfo, StepContext
+from dpbench.methods.base import DPMethod, RunInfo, StepContext, mechanism_unchanged
 from dpbench.methods.context import HeldOut
 from dpbench.privacy import PrivacyAccountant, PrivacyLedger
 from dpbench.privacy.plan import PrivacyPlan, account_release, plan_privacy, step_plan
@@ -189,7 +189,9 @@ class Trainer:
                              self.settings.nonfinite == "skip", epoch=self.epoch):
             self.skipped_steps += 1  # trainer.nonfinite=skip: restored, still accounted
         self.step += 1
-        return {"step": self.step, **self.method.step_metrics(),
+        with mechanism_unchanged(self.method.mechanism, "step_metrics"):
+            metrics = self.method.step_metrics()
+        return {"step": self.step, **metrics,
                 "unprivatised": step_diagnostics(release, self.task)}
 
     def _emit(self, event: str, *args: Any) -> None:
@@ -198,7 +200,8 @@ class Trainer:
             handler(self, *args)
 
     def evaluate(self) -> dict[str, Any]:
-        return self.method.evaluate(self.held_out, self.model)
+        with mechanism_unchanged(self.method.mechanism, "evaluate"):
+            return self.method.evaluate(self.held_out, self.model)
 
     def _evaluated(self, where: dict[str, int]) -> dict[str, Any]:
         """Return the test metrics; file the task's un-privatised diagnostics apart."""

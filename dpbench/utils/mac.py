@@ -11,6 +11,11 @@ outside every shared folder:
 
 A key file that others may read or write is refused. ``trainer.resume=true`` resumes only a
 file whose MAC verifies with this key (docs/reliability-bad-input.md, "Trust model").
+
+A file and its sidecar are two renames, so a kill between them must not leave a pair that
+fails: ``write_authenticated`` first writes a sidecar naming the new bytes' MAC and the
+previous one, then replaces the file, then drops the previous MAC; a sidecar of at most two
+lines verifies if either line matches.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ log = logging.getLogger(__name__)
 KEY_ENV, KEY_FILE_ENV = "DPBENCH_MAC_KEY", "DPBENCH_MAC_KEY_FILE"
 MAC_SUFFIX = ".mac"
 _PREFIX = "hmac-sha256:"
-#: a sidecar is one short line; anything larger is not one
+#: a sidecar is at most two short lines (the new MAC and, while a file is replaced, the
+#: previous one); anything larger is not one
 _MAX_MAC_BYTES = 256
+_MAX_MAC_LINES = 2
 
 
 class Unauthenticated(ConfigError):
@@ -119,9 +126,42 @@ def write_mac(path: str | os.PathLike, data: bytes) -> None:
 
 
 def write_authenticated(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically, then its sidecar MAC."""
+    """Write ``data`` to ``path`` atomically with its sidecar MAC, so that a kill at any
+    point leaves a file whose sidecar verifies it: the sidecar names the new MAC (and the
+    previous file's) before the file is replaced, and the new one alone after."""
+    try:
+        new = mac_of(data)
+    except ConfigError as err:
+        log.warning("%s is written without a MAC (%s): it cannot be resumed", path, err)
+        atomic_write_bytes(path, data)
+        return
+    sidecar = mac_path(path)
+    previous = [m for m in _stored_macs(sidecar, missing_ok=True)[:1] if m != new]
+    try:
+        atomic_write_bytes(sidecar, "".join(f"{m}\n" for m in (new, *previous)).encode())
+    except OSError as err:
+        log.warning("%s is written without a MAC (%s): it cannot be resumed", path, err)
     atomic_write_bytes(path, data)
-    write_mac(path, data)
+    if previous:
+        write_mac(path, data)
+
+
+def _stored_macs(sidecar: Path, missing_ok: bool = False) -> list[str]:
+    """Return the MAC lines of ``sidecar`` (at most two), read without following a link or
+    blocking on a FIFO; [] for a sidecar that is missing (``missing_ok``) or not a regular
+    file. Raises ``OSError`` when it cannot be read."""
+    try:
+        fd = os.open(sidecar, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        if missing_ok:
+            return []
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return []
+        text = f.read(_MAX_MAC_BYTES).decode("ascii", "replace")
+    return [line.strip() for line in text.splitlines()[:_MAX_MAC_LINES]
+            if line.strip().startswith(_PREFIX)]
 
 
 def verify_mac(path: str | os.PathLike, data: bytes, what: str) -> None:
@@ -130,8 +170,11 @@ def verify_mac(path: str | os.PathLike, data: bytes, what: str) -> None:
     sidecar = mac_path(path)
     afresh = (f"move {Path(path).name} away (or use a new hydra.run.dir) to start afresh, or "
               "resume only runs written with your own key")
+    if os.path.lexists(sidecar) and not sidecar.is_symlink() and not sidecar.is_file():
+        raise Unauthenticated(f"refusing to resume {what} {path}: its MAC {sidecar} is "
+                              f"not a regular file; {afresh}")
     try:
-        fd = os.open(sidecar, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        stored = _stored_macs(sidecar)
     except FileNotFoundError:
         raise Unauthenticated(f"refusing to resume {what} {path}: it has no MAC "
                               f"({sidecar.name}), so dpbench cannot tell that you wrote it; "
@@ -139,15 +182,11 @@ def verify_mac(path: str | os.PathLike, data: bytes, what: str) -> None:
     except OSError as err:
         raise Unauthenticated(f"refusing to resume {what} {path}: cannot read its MAC "
                               f"{sidecar} ({err.strerror or err}); {afresh}") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise Unauthenticated(f"refusing to resume {what} {path}: its MAC {sidecar} is "
-                                  f"not a regular file; {afresh}")
-        stored = f.read(_MAX_MAC_BYTES).decode("ascii", "replace").strip()
-    if not hmac.compare_digest(stored, mac_of(data, mac_key(create=False))):
+    expected = mac_of(data, mac_key(create=False))
+    if not any(hmac.compare_digest(line, expected) for line in stored):
         raise Unauthenticated(f"refusing to resume {what} {path}: its MAC does not match "
-                              "(it was changed after dpbench wrote it, written with another "
-                              f"key, or the run was killed while saving); {afresh}")
+                              "(it was changed after dpbench wrote it, or written with "
+                              f"another key); {afresh}")
 
 
 def is_authentic(path: str | os.PathLike, data: bytes) -> bool:

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 
+from dpbench.errors import PrivacyError
 from dpbench.methods import METHODS, get_method
 from dpbench.methods.adaclip import COUNT_QUERY, geometric_update
 from dpbench.methods.base import DPMethod, Mechanism, Released, Update
@@ -60,6 +61,59 @@ def test_a_step_whose_update_writes_its_mechanism_is_refused(update_cls):
     with pytest.raises(AttributeError):
         post_release(method, [torch.zeros_like(p) for p in method.params], ctx())
     assert method.mechanism.level == 1.0 and method.mechanism.history == [1.0]
+
+
+class _TensorState(Mechanism):
+    def setup(self, params, info) -> None:
+        super().setup(params, info)
+        self.scale = torch.ones(3)
+        self.previous = [torch.zeros(2), torch.zeros(2)]
+        self.moved = 0
+
+    def advance(self, released) -> None:
+        self.scale.mul_(1.0)  # the mechanism's own in-place write, in advance: allowed
+        self.moved += 1
+
+
+class _InPlaceUpdate(Update):
+    """Changes a tensor the view hands out in place: assignment is refused by the view, an
+    in-place write by the tensor's version counter."""
+
+    def after_step(self, released, ctx) -> None:
+        self.mechanism.previous[0].add_(1.0)
+
+
+class _InPlaceInSetup(Update):
+    def setup(self, params, info) -> None:
+        super().setup(params, info)
+        self.mechanism.scale.zero_()
+
+
+class _ReadingUpdate(Update):
+    def after_step(self, released, ctx) -> None:
+        self.seen = float(self.mechanism.scale.sum() + self.mechanism.previous[1].sum())
+
+
+def _pair(update_cls):
+    return type("Pair", (DPMethod,), {"mechanism_cls": _TensorState, "update_cls": update_cls})
+
+
+def test_an_update_writing_its_mechanisms_tensor_in_place_is_refused():
+    method = set_up(_pair(_InPlaceUpdate)(), params_like())
+    with pytest.raises(PrivacyError, match="in place during the update"):
+        post_release(method, [torch.zeros_like(p) for p in method.params], ctx())
+    assert method.mechanism.moved == 1  # advance did not run after the write (1: set-up)
+    with pytest.raises(PrivacyError, match="in place during setup"):
+        set_up(_pair(_InPlaceInSetup)(), params_like())
+
+
+def test_reading_and_the_mechanisms_own_writes_and_the_weights_pass():
+    method = set_up(_pair(_ReadingUpdate)(), params_like())
+    before = [p.detach().clone() for p in method.params]
+    for step in range(3):  # the update moves the weights in place, advance its own tensor
+        post_release(method, [torch.ones_like(p) for p in method.params], ctx(step))
+    assert method.mechanism.moved == 4 and method.updater.seen == 3.0
+    assert all(not torch.equal(a, p) for a, p in zip(before, method.params))
 
 
 def test_advance_is_handed_released_values_only():
