@@ -23,11 +23,14 @@ mechanism hook (``PRIVACY_HOOKS``): defining one raises at class creation.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -48,9 +51,10 @@ class MechanismView:
     """A read-only view of a mechanism: what an update may know of it.
 
     Reading an attribute returns the mechanism's (a list as a tuple, a dict as a read-only
-    mapping); assigning or deleting one raises ``AttributeError``, and so does reaching the
-    mechanism's state-changing calls (``advance``, ``setup``, ``load_state_dict``).
-    """
+    mapping, a NumPy array as a read-only view, a dataclass as a copy); assigning or
+    deleting one raises ``AttributeError``, and so does reaching the mechanism's
+    state-changing calls (``advance``, ``setup``, ``load_state_dict``). A tensor's in-place
+    change is caught by ``mechanism_unchanged`` instead."""
 
     __slots__ = ("_mechanism",)
 
@@ -66,6 +70,11 @@ class MechanismView:
             return tuple(value)
         if isinstance(value, dict):
             return MappingProxyType(value)
+        if isinstance(value, np.ndarray):  # no version counter: hand out a read-only view
+            value = value.view()
+            value.flags.writeable = False
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = copy.copy(value)  # a settings record: an edit lands in the copy
         return value
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -107,6 +107,17 @@ def test_an_update_writing_its_mechanisms_tensor_in_place_is_refused():
         set_up(_pair(_InPlaceInSetup)(), params_like())
 
 
+def test_bandmfs_coefficients_and_settings_cannot_be_changed_through_the_view():
+    """NumPy arrays have no version counter: the view hands them out read-only."""
+    method = set_up(get_method("bandmf")(), params_like())
+    coefs = method.updater.mechanism.coefs
+    with pytest.raises(ValueError, match="read-only"):
+        coefs[0] = 0.0
+    method.updater.mechanism.config.bands = 1  # lands in a copy
+    assert method.mechanism.config.bands == method.settings["bands"] > 1
+    assert method.mechanism.coefs.flags.writeable  # the mechanism's own array is untouched
+
+
 def test_reading_and_the_mechanisms_own_writes_and_the_weights_pass():
     method = set_up(_pair(_ReadingUpdate)(), params_like())
     before = [p.detach().clone() for p in method.params]
