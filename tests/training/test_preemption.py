@@ -35,8 +35,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.processes]
 REPO = Path(__file__).resolve().parents[2]
 RUN = ["dataset=digits", "model=mlp", "trainer.batch_size=16", "trainer.num_threads=1",
        *QUIET]
-#: long enough that a signal sent just after the first epoch's checkpoint lands mid-run
-LONG = [*RUN, "trainer.epochs=6"]
+#: long enough that a signal sent just after the first epoch's checkpoint lands mid-run: on
+#: an idle fast host 6 epochs left a submitit job about 0.6 s after that checkpoint, and the
+#: signal sometimes found it finished
+LONG = [*RUN, "trainer.epochs=12"]
 #: the tests sharing the module's reference run: one xdist worker builds it once
 SHARED_REFERENCE = pytest.mark.xdist_group("preemption_reference")
 
@@ -149,18 +151,21 @@ def test_a_preempted_submitit_job_is_requeued_and_resumes(tmp_path, reference):
         _dpbench("-m", *LONG, "seed=0", "trainer.resume=true", "hydra/launcher=submitit_local",
                  "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep_dir}"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
-    deadline, job = time.time() + 600, None
-    while time.time() < deadline and job is None:
-        if list(sweep_dir.glob("*/checkpoint.pt")):
-            for child in psutil.Process(proc.pid).children(recursive=True):
-                try:
-                    if "submitit.core._submit" in " ".join(child.cmdline()):
-                        job = child
-                except psutil.Error:
-                    pass
+    deadline, jobs = time.time() + 600, []
+    while time.time() < deadline and not jobs:  # the job process, found before it trains
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                if "submitit.core._submit" in " ".join(child.cmdline()):
+                    jobs.append(child)
+            except psutil.Error:
+                pass
         time.sleep(0.05)
-    assert job is not None, "the submitit job did not start training"
-    job.send_signal(signal.SIGUSR2)  # submitit's preemption signal
+    assert jobs, "the submitit job did not start"
+    while time.time() < deadline and not list(sweep_dir.glob("*/checkpoint.pt")):
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.01)
+    (job,) = jobs
+    job.send_signal(signal.SIGUSR2)  # submitit's preemption signal, just after epoch 1
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     logs = "\n".join(p.read_text() for p in sweep_dir.rglob("*_log.err"))
