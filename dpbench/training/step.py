@@ -236,16 +236,17 @@ def apply_release(method: DPMethod, params: Sequence[torch.nn.Parameter], releas
     saved = _snapshot(method, params) if skip else None
     ok = all_finite(release.grads, release.noisy_extras.values())
     if ok:
-        with mechanism_unchanged(method.mechanism, "postprocess"):
+        with mechanism_unchanged(method.mechanism, "the update"):  # stages 7-9
             postprocess = method.postprocess
             grads = postprocess(release.grads, ctx)
-        # the default post-processing returns the release as it is: checked above already
-        ok = getattr(postprocess, "__func__", None) is Update.postprocess or all_finite(grads)
+            # the default post-processing returns the release as it is: checked above
+            ok = (getattr(postprocess, "__func__", None) is Update.postprocess
+                  or all_finite(grads))
+            if ok:
+                method.update(grads, ctx)
+                method.after_step(release.noisy_extras, ctx)
+                public = MappingProxyType(method.public_state())
     if ok:
-        with mechanism_unchanged(method.mechanism, "the update"):
-            method.update(grads, ctx)
-            method.after_step(release.noisy_extras, ctx)
-            public = MappingProxyType(method.public_state())
         # the mechanism's moving parameters: from the released values and the update's
         # public state only (the hook's argument holds nothing else)
         method.advance(Released(step=ctx.step, extras=MappingProxyType(release.noisy_extras),

@@ -120,8 +120,16 @@ def write_mac(path: str | os.PathLike, data: bytes) -> None:
     resuming it is refused.
     """
     try:
-        atomic_write_bytes(mac_path(path), (mac_of(data) + "\n").encode())
-    except (ConfigError, OSError) as err:
+        _write_sidecar(path, [mac_of(data)])
+    except ConfigError as err:
+        log.warning("%s is written without a MAC (%s): it cannot be resumed", path, err)
+
+
+def _write_sidecar(path: str | os.PathLike, macs: list[str]) -> None:
+    """Write ``macs`` (one a line) to the sidecar of ``path`` atomically (a failure logged)."""
+    try:
+        atomic_write_bytes(mac_path(path), "".join(f"{m}\n" for m in macs).encode())
+    except OSError as err:
         log.warning("%s is written without a MAC (%s): it cannot be resumed", path, err)
 
 
@@ -135,21 +143,18 @@ def write_authenticated(path: str | os.PathLike, data: bytes) -> None:
         log.warning("%s is written without a MAC (%s): it cannot be resumed", path, err)
         atomic_write_bytes(path, data)
         return
-    sidecar = mac_path(path)
-    previous = [m for m in _stored_macs(sidecar, missing_ok=True)[:1] if m != new]
-    try:
-        atomic_write_bytes(sidecar, "".join(f"{m}\n" for m in (new, *previous)).encode())
-    except OSError as err:
-        log.warning("%s is written without a MAC (%s): it cannot be resumed", path, err)
+    previous = [m for m in (_stored_macs(mac_path(path), missing_ok=True) or [])[:1]
+                if m != new]
+    _write_sidecar(path, [new, *previous])
     atomic_write_bytes(path, data)
     if previous:
-        write_mac(path, data)
+        _write_sidecar(path, [new])
 
 
-def _stored_macs(sidecar: Path, missing_ok: bool = False) -> list[str]:
+def _stored_macs(sidecar: Path, missing_ok: bool = False) -> list[str] | None:
     """Return the MAC lines of ``sidecar`` (at most two), read without following a link or
-    blocking on a FIFO; [] for a sidecar that is missing (``missing_ok``) or not a regular
-    file. Raises ``OSError`` when it cannot be read."""
+    blocking on a FIFO; None for one that is not a regular file, [] for a missing one
+    (``missing_ok``). Raises ``OSError`` when it cannot be read."""
     try:
         fd = os.open(sidecar, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -158,7 +163,7 @@ def _stored_macs(sidecar: Path, missing_ok: bool = False) -> list[str]:
         raise
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return []
+            return None
         text = f.read(_MAX_MAC_BYTES).decode("ascii", "replace")
     return [line.strip() for line in text.splitlines()[:_MAX_MAC_LINES]
             if line.strip().startswith(_PREFIX)]
@@ -170,9 +175,6 @@ def verify_mac(path: str | os.PathLike, data: bytes, what: str) -> None:
     sidecar = mac_path(path)
     afresh = (f"move {Path(path).name} away (or use a new hydra.run.dir) to start afresh, or "
               "resume only runs written with your own key")
-    if os.path.lexists(sidecar) and not sidecar.is_symlink() and not sidecar.is_file():
-        raise Unauthenticated(f"refusing to resume {what} {path}: its MAC {sidecar} is "
-                              f"not a regular file; {afresh}")
     try:
         stored = _stored_macs(sidecar)
     except FileNotFoundError:
@@ -182,6 +184,9 @@ def verify_mac(path: str | os.PathLike, data: bytes, what: str) -> None:
     except OSError as err:
         raise Unauthenticated(f"refusing to resume {what} {path}: cannot read its MAC "
                               f"{sidecar} ({err.strerror or err}); {afresh}") from None
+    if stored is None:
+        raise Unauthenticated(f"refusing to resume {what} {path}: its MAC {sidecar} is "
+                              f"not a regular file; {afresh}")
     expected = mac_of(data, mac_key(create=False))
     if not any(hmac.compare_digest(line, expected) for line in stored):
         raise Unauthenticated(f"refusing to resume {what} {path}: its MAC does not match "
