@@ -49,14 +49,50 @@ def _outputs(trainer: Trainer, dataset: Dataset) -> tuple[np.ndarray, np.ndarray
     return lp[np.arange(len(y)), y], logit_confidence(lp, y)
 
 
-class _OnHalf:
-    """``make_trainer`` for ``experiment.build``: the Trainer with its training set replaced."""
+class _ReducedNoise:
+    """TESTS ONLY (``mia.break_noise_scale``): the method with its released noise scaled.
 
-    def __init__(self, train: Dataset) -> None:
-        self.train = train
+    The method's own noise shaper (if any) runs first; its output is multiplied by ``scale``.
+    Every other attribute is the method's, so the loop still accounts the planned mechanism:
+    a hidden noise bug, which the warnings of dpbench-mia must catch.
+    """
+
+    def __init__(self, method: Any, scale: float) -> None:
+        self.method, self.scale = method, scale
+
+    def noise_shaper(self, info: Any) -> Any:
+        inner, scale = self.method.noise_shaper(info), self.scale
+
+        class Scaled:
+            def __call__(self, noise: list[torch.Tensor]) -> list[torch.Tensor]:
+                return [z * scale for z in (inner(noise) if inner is not None else noise)]
+
+            def state_dict(self) -> dict[str, Any]:
+                return inner.state_dict() if inner is not None else {}
+
+            def load_state_dict(self, state: dict[str, Any], device: Any = None) -> None:
+                if inner is not None:
+                    inner.load_state_dict(state, device)
+
+        return Scaled()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "method":
+            raise AttributeError(name)
+        return getattr(self.method, name)
+
+
+class _OnHalf:
+    """``make_trainer`` for ``experiment.build``: the Trainer with its training set replaced
+    (and, in tests only, its noise reduced: ``noise_scale`` below 1)."""
+
+    def __init__(self, train: Dataset, noise_scale: float = 1.0) -> None:
+        self.train, self.noise_scale = train, noise_scale
         self.data: TaskData | None = None
 
     def __call__(self, *, data: TaskData, **kwargs: Any) -> Trainer:
+        if self.noise_scale != 1.0:  # TESTS ONLY
+            kwargs["method"] = _ReducedNoise(kwargs["method"], self.noise_scale)
         if data.task != "classification":
             raise ConfigError(f"dpbench-mia attacks classification models (dataset "
                               f"{data.name!r} is a {data.task!r} task)")
@@ -96,7 +132,7 @@ def train_models(spec: RunSpec, settings: MIASettings, pool: Dataset,
     summaries, start = [], time.perf_counter()
     for k in range(total):
         trainer = build(spec.with_seed(model_seed(settings.seed, k)), None, make_trainer=_OnHalf(
-            Subset(pool, np.flatnonzero(masks[k]).tolist())))
+            Subset(pool, np.flatnonzero(masks[k]).tolist()), settings.break_noise_scale))
         summaries.append(trainer.fit())
         with torch.no_grad():
             lp, phi = _outputs(trainer, pool)

@@ -32,15 +32,16 @@ def target_scores(out: ModelOutputs, target: int, attack: str, settings: MIASett
 
 
 def score_attacks(out: ModelOutputs, settings: MIASettings, delta: float
-                  ) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[np.ndarray,
-                                                                        np.ndarray]]]:
-    """Return ({attack: metrics}, {attack: (fpr, tpr)}) over the targets' pooled examples.
+                  ) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[np.ndarray, np.ndarray]],
+                             dict[str, np.ndarray]]:
+    """Return ({attack: metrics}, {attack: (fpr, tpr)}, {attack: scores}) over the targets'
+    pooled examples (scores: target 0's pool, then target 1's, ...).
 
     The targets' (score, member) pairs are pooled (Carlini et al. 2022 pool over targets);
     the bootstrap and the threshold halves draw from stream ``mia_metrics``.
     """
     members = np.concatenate([out.members[t] for t in range(settings.targets)])
-    results, curves = {}, {}
+    results, curves, all_scores = {}, {}, {}
     for i, attack in enumerate(settings.attacks):
         scores = np.concatenate([target_scores(out, t, attack, settings)
                                  for t in range(settings.targets)])
@@ -49,4 +50,5 @@ def score_attacks(out: ModelOutputs, settings: MIASettings, delta: float
                                          confidence=settings.confidence,
                                          reps=settings.bootstrap, rng=rng)
         curves[attack] = roc(scores, members)
-    return results, curves
+        all_scores[attack] = scores
+    return results, curves, all_scores

@@ -23,6 +23,9 @@ class MIASettings:
     confidence: float = 0.95  # of the bootstrap intervals and the epsilon lower bound
     bootstrap: int = 200  # bootstrap replicates
     seed: int = 0  # the run seed (the split, the models, the bootstrap)
+    #: TESTS ONLY: every model's noise drawn at this fraction of its calibrated scale while the
+    #: planned epsilon is still accounted (a hidden noise bug the warnings must catch)
+    break_noise_scale: float = 1.0
 
     def __post_init__(self) -> None:
         for key, low in (("pool_size", 8), ("population_size", 1), ("targets", 1),
@@ -44,6 +47,9 @@ class MIASettings:
             raise ConfigError(f"mia.rmia_a must be in [0, 1] (got {self.rmia_a})")
         if not self.rmia_gamma > 0:
             raise ConfigError(f"mia.rmia_gamma must be > 0 (got {self.rmia_gamma})")
+        if not 0 <= self.break_noise_scale <= 1:
+            raise ConfigError("mia.break_noise_scale must be in [0, 1] (got "
+                              f"{self.break_noise_scale})")
         if not 0 < self.confidence < 1:
             raise ConfigError(f"mia.confidence must be in (0, 1) (got {self.confidence})")
 
