@@ -10,6 +10,7 @@ its un-noised diagnostics were renamed (``private_diagnostics``) reads with the 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -54,8 +55,39 @@ _OPTIONAL: dict[str, tuple[type, ...]] = {
     "seed": (int, type(None))}
 
 
+#: a measurement's numbers: (fields, lowest, highest); a record carrying one of them must give
+#: a number in range (NaN refused: never dropped silently), or None where it may be absent
+_RATES = ("mia_auc", "mia_auc_low", "mia_auc_high", "mia_tpr_at_0p1pct_fpr",
+          "mia_tpr_at_0p1pct_fpr_low", "mia_tpr_at_0p1pct_fpr_high", "mia_tpr_at_1pct_fpr",
+          "mia_tpr_at_1pct_fpr_low", "mia_tpr_at_1pct_fpr_high", "mia_balanced_accuracy")
+_BOUNDS = ("mia_epsilon_lower", "mia_epsilon_point", "mia_epsilon_ceiling", "epsilon_lower",
+           "epsilon_lower_fdp", "audit_power", "audit_ceiling", "audit_ceiling_fdp",
+           "epsilon_claimed")
+_MEASURED: dict[str, tuple[float, float]] = {**{k: (0.0, 1.0) for k in _RATES},
+                                             **{k: (0.0, math.inf) for k in _BOUNDS}}
+#: measured fields that may be None (no threshold gave a positive bound)
+_MAY_BE_NONE = frozenset({"mia_epsilon_point", "mia_epsilon_ceiling", "epsilon_lower_fdp",
+                          "audit_ceiling", "audit_ceiling_fdp"})
+
+
+def _check_measured(record: dict[str, Any]) -> None:
+    """Raise Unreadable naming the first measured field whose value is not a number in its
+    range (AUC and TPR in [0, 1], epsilon bounds >= 0; NaN never passes)."""
+    for key, (low, high) in _MEASURED.items():
+        if key not in record:
+            continue
+        value = record[key]
+        if value is None and key in _MAY_BE_NONE:
+            continue
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not low <= value <= high):
+            raise Unreadable(f"{key} is not a number in [{low:g}, {high:g}] "
+                             f"({type(value).__name__}: {str(value)[:40]!r})")
+
+
 def check_record(record: Any) -> dict[str, Any]:
-    """Return ``record`` if a table can use it; raise Unreadable saying why not."""
+    """Return ``record`` if a table can use it; raise Unreadable saying why not (a
+    measurement's numbers are checked too: ``_check_measured``)."""
     if not isinstance(record, dict):
         raise Unreadable(f"expected a JSON object, got {type(record).__name__}")
     missing = [k for k in _REQUIRED if k not in record]
@@ -69,7 +101,36 @@ def check_record(record: Any) -> dict[str, Any]:
                 isinstance(value, bool) and bool not in types)):
             raise Unreadable(f"{key} has the wrong type ({type(value).__name__}: "
                              f"{str(value)[:40]!r})")
+    _check_measured(record)
     return record
+
+
+#: config keys that change no measurement (where files go, logging, progress, resumption,
+#: device and threads) and the seeds (a cell's runs differ in them by design)
+_NOT_A_SETTING = ("seed", "mia.seed", "audit.seed", "paths", "logger", "run_name", "tuned",
+                  "trainer.progress", "trainer.resume", "trainer.device", "trainer.num_threads",
+                  "trainer.checkpoint", "trainer.eval_batch_size")
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def measurement_setting(record: dict[str, Any]) -> dict[str, str]:
+    """Return the flattened config of a record minus what changes no measurement
+    (``_NOT_A_SETTING``): every ``mia.*``, ``audit.*``, trainer, data, model, method and
+    privacy key, as text. Empty for a record without its config."""
+    config = record.get("config")
+    if not isinstance(config, dict):
+        return {}
+    flat = _flatten(config)
+    return {key: str(value) for key, value in sorted(flat.items())
+            if not any(key == n or key.startswith(n + ".") for n in _NOT_A_SETTING)}
 
 
 def derived_epsilon(record: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -184,6 +245,8 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
     evaluation = record.get("evaluation")
     if isinstance(evaluation, dict):
         row["evaluation_split"] = _text(evaluation.get("split"))
+    if record.get("kind") in ("mia", "audit"):  # measurements are grouped by their settings
+        row["measurement_setting"] = json.dumps(measurement_setting(record), sort_keys=True)
     return row
 
 
