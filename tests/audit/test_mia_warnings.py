@@ -74,3 +74,23 @@ def test_the_honest_twin_raises_no_warning(tmp_path, monkeypatch, capfd):
     assert not record["privacy_violation"] and record["mia"]["exceeds_accounted"] == []
     assert "broken_on_purpose" not in record
     assert "WARNING" not in capfd.readouterr().err
+
+
+def test_fair_classification_is_attacked(tmp_path, monkeypatch):
+    """dataset=adult (fair classification; its test batches carry the group) on a synthetic
+    copy of the UCI files."""
+    from tests.helpers.synthetic import write_adult
+
+    write_adult(tmp_path / "data", n_train=150, n_test=60)
+    run_dir = tmp_path / "adult"
+    code = run_cli(hydra_main, ["method=dpsgd", "privacy=eps1", "dataset=adult",
+                                f"paths.data_root={tmp_path / 'data'}", "mia.pool_size=100",
+                                "mia.population_size=40", "mia.references=2",
+                                "mia.bootstrap=20", "trainer.epochs=1", "trainer.batch_size=16",
+                                f"hydra.run.dir={run_dir}"], monkeypatch)
+    assert code == 0
+    record = json.loads((run_dir / "results.json").read_text())
+    assert record["dataset"] == "adult" and record["kind"] == "mia"
+    assert 0 <= record["mia_auc"] <= 1 and record["mia_epsilon_ceiling"] > 0
+    with np.load(run_dir / "scores.npz") as saved:
+        assert saved["log_p_population"].shape == (3, 40)

@@ -25,6 +25,10 @@ from dpbench.errors import ConfigError
 from dpbench.spec import RunSpec
 from dpbench.training.loop import Trainer
 
+#: tasks whose models give per-example class log-probabilities on (x, y, ...) batches; fair
+#: classification's test batches carry the group as a third tensor, which scoring ignores
+ATTACKABLE_TASKS = ("classification", "fair_classification")
+
 
 @dataclass
 class ModelOutputs:
@@ -93,8 +97,9 @@ class _OnHalf:
     def __call__(self, *, data: TaskData, **kwargs: Any) -> Trainer:
         if self.noise_scale != 1.0:  # TESTS ONLY
             kwargs["method"] = _ReducedNoise(kwargs["method"], self.noise_scale)
-        if data.task != "classification":
-            raise ConfigError(f"dpbench-mia attacks classification models (dataset "
+        if data.task not in ATTACKABLE_TASKS:
+            tasks = ", ".join(ATTACKABLE_TASKS)
+            raise ConfigError(f"dpbench-mia attacks classification models ({tasks}; dataset "
                               f"{data.name!r} is a {data.task!r} task)")
         self.data = TaskData(name=data.name, task=data.task, train=self.train, test=data.test,
                              num_classes=data.num_classes, input_shape=data.input_shape,
