@@ -6,28 +6,47 @@ from typing import Any
 
 import numpy as np
 
-from dpbench.audit.mia.attacks import lira_offline, lira_online, loss_score, rmia
+from dpbench.audit.mia.attacks import (
+    choose_rmia_a,
+    lira_offline,
+    lira_online,
+    loss_score,
+    rmia,
+)
 from dpbench.audit.mia.metrics import attack_metrics, roc
 from dpbench.audit.mia.models import ModelOutputs
 from dpbench.audit.mia.settings import MIASettings
 from dpbench.utils.seeding import stream_seed
 
 
-def target_scores(out: ModelOutputs, target: int, attack: str, settings: MIASettings
-                  ) -> np.ndarray:
-    """Return the scores of ``attack`` on the pool for model ``target`` (leave-one-out)."""
+def rmia_a(out: ModelOutputs, target: int, settings: MIASettings) -> float:
+    """Return RMIA's ``a`` for ``target``: the setting, or (auto) chosen on its reference
+    models alone (``choose_rmia_a``)."""
+    if settings.rmia_a != "auto":
+        return float(settings.rmia_a)
+    refs = np.arange(len(out.members)) != target
+    return choose_rmia_a(np.exp(out.log_p_pool[refs]), out.members[refs],
+                         np.exp(out.log_p_population[refs]), settings.rmia_gamma)
+
+
+def target_scores(out: ModelOutputs, target: int, attack: str, settings: MIASettings,
+                  a: float | None = None) -> np.ndarray:
+    """Return the scores of ``attack`` on the pool for model ``target`` (leave-one-out);
+    ``a`` is RMIA's (``rmia_a`` when None)."""
     refs = np.arange(len(out.members)) != target
     in_refs = out.members[refs]
+    wide = settings.lira_per_example
     if attack == "loss":
         return loss_score(out.log_p_pool[target])
     if attack == "lira_online":
-        return lira_online(out.phi_pool[target], out.phi_pool[refs], in_refs)
+        return lira_online(out.phi_pool[target], out.phi_pool[refs], in_refs, wide)
     if attack == "lira_offline":
-        return lira_offline(out.phi_pool[target], out.phi_pool[refs], in_refs)
+        return lira_offline(out.phi_pool[target], out.phi_pool[refs], in_refs, wide)
     if attack == "rmia":
         p_x, p_z = np.exp(out.log_p_pool), np.exp(out.log_p_population)
         return rmia(p_x[target], p_x[refs], in_refs, p_z[target], p_z[refs],
-                    settings.rmia_a, settings.rmia_gamma)
+                    rmia_a(out, target, settings) if a is None else a, settings.rmia_gamma,
+                    settings.rmia_tie_break)
     raise ValueError(f"unknown attack {attack!r}")
 
 
@@ -43,12 +62,19 @@ def score_attacks(out: ModelOutputs, settings: MIASettings, delta: float
     members = np.concatenate([out.members[t] for t in range(settings.targets)])
     results, curves, all_scores = {}, {}, {}
     for i, attack in enumerate(settings.attacks):
-        scores = np.concatenate([target_scores(out, t, attack, settings)
+        chosen = ([rmia_a(out, t, settings) for t in range(settings.targets)]
+                  if attack == "rmia" else [None] * settings.targets)
+        scores = np.concatenate([target_scores(out, t, attack, settings, chosen[t])
                                  for t in range(settings.targets)])
         rng = np.random.default_rng(stream_seed(settings.seed, "mia_metrics", i))
         results[attack] = attack_metrics(scores, members, delta=delta,
                                          confidence=settings.confidence,
                                          reps=settings.bootstrap, rng=rng)
+        if attack == "rmia":
+            results[attack]["a"] = chosen  # per target
+        if attack.startswith("lira"):
+            results[attack]["variance"] = ("per_example" if settings.lira_per_example
+                                           else "global")
         curves[attack] = roc(scores, members)
         all_scores[attack] = scores
     return results, curves, all_scores
