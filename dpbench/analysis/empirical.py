@@ -187,36 +187,56 @@ def empirical_table(frame: pd.DataFrame, metric: str = "accuracy") -> pd.DataFra
     return pd.DataFrame(rows)
 
 
-def empirical_plot(frame: pd.DataFrame, path: Path) -> bool:
-    """Write the "empirical" panels (MIA AUC and TPR at 1 % FPR against the accounted
-    epsilon, one line per method and measurement setting with 95 % t bars; every private run
-    at its accounted epsilon, fixed-noise ones included; non-private runs as dashed levels).
-    Copies of one run count once. Return False (nothing written) when no MIA run is there."""
+def empirical_series(frame: pd.DataFrame, name: str) -> list[tuple[str, Any]]:
+    """Return the panel's lines for the MIA field ``name``: (legend, points) per method and
+    measurement setting, points being [(accounted epsilon, t-interval over seeds)] sorted by
+    epsilon, or a float (the mean level) for runs without privacy.
+
+    Every private run is placed at its accounted epsilon (the mean over its cell's runs),
+    fixed-noise runs included; copies of one run count once.
+    """
     done = frame[(frame["status"] == COMPLETED) & is_mia(frame)] if "status" in frame else None
     if done is None or done.empty:
+        return []
+    done, _ = drop_copies(done.assign(eps=done.apply(row_eps_label, axis=1)))
+    settings = sorted(set(_settings(done)))
+    names = {s: ", ".join(f"{k}={v}" for k, v in d.items())
+             for s, d in zip(settings, differing_keys(settings))}
+    accounted = pd.to_numeric(_column(done, "epsilon"), errors="coerce")
+    lines: list[tuple[str, Any]] = []
+    for (label, setting), group in done.groupby(["label", _settings(done)]):
+        legend = f"{label}" + (f" [{names[setting]}]" if names[setting] else "")
+        finite = accounted[group.index].map(lambda e: bool(e == e and math.isfinite(e)))
+        if not finite.any():  # no privacy: a level, not a point on the epsilon axis
+            lines.append((legend, float(group[name].astype(float).mean())))
+            continue
+        private = group[finite]
+        points = [(float(accounted[g.index].mean()), t_interval(g[name].astype(float).tolist()))
+                  for _, g in private.groupby("eps")]
+        lines.append((legend, sorted(points, key=lambda point: point[0])))
+    return lines
+
+
+def empirical_plot(frame: pd.DataFrame, path: Path) -> bool:
+    """Write the "empirical" panels (``empirical_series`` of MIA AUC and TPR at 1 % FPR
+    against the accounted epsilon, 95 % t bars; non-private runs as dashed levels).
+    Return False (nothing written) when no MIA run is there."""
+    panels = [(name, title, empirical_series(frame, name))
+              for name, title in (("mia_auc", "MIA AUC"),
+                                  ("mia_tpr_at_1pct_fpr", "TPR at 1 % FPR"))]
+    if not panels[0][2]:
         return False
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done, _ = drop_copies(done.assign(eps=done.apply(row_eps_label, axis=1)))
-    settings = sorted(set(_settings(done)))
-    names = {s: ", ".join(f"{k}={v}" for k, v in d.items())
-             for s, d in zip(settings, differing_keys(settings))}
-    accounted = pd.to_numeric(_column(done, "epsilon"), errors="coerce")
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
-    for ax, (name, title) in zip(axes, (("mia_auc", "MIA AUC"),
-                                        ("mia_tpr_at_1pct_fpr", "TPR at 1 % FPR"))):
-        for (label, setting), group in done.groupby(["label", _settings(done)]):
-            legend = f"{label}" + (f" [{names[setting]}]" if names[setting] else "")
-            finite = accounted[group.index].map(lambda e: math.isfinite(e) if e == e else False)
-            if not finite.any():  # no privacy: a level, not a point on the epsilon axis
-                ax.axhline(float(group[name].mean()), ls="--", color="gray", label=legend)
+    for ax, (name, title, lines) in zip(axes, panels):
+        for legend, points in lines:
+            if isinstance(points, float):
+                ax.axhline(points, ls="--", color="gray", label=legend)
                 continue
-            private = group[finite]
-            points = sorted((float(accounted[g.index].mean()), t_interval(g[name].tolist()))
-                            for _, g in private.groupby("eps"))
             ax.errorbar([e for e, _ in points], [i.mean for _, i in points],
                         yerr=[[i.mean - i.low if i.n > 1 else 0 for _, i in points],
                               [i.high - i.mean if i.n > 1 else 0 for _, i in points]],

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dpbench.analysis.empirical import empirical_table
+from dpbench.analysis.empirical import empirical_series, empirical_table
 from dpbench.analysis.report import build_report
 from dpbench.analysis.results import load_frame
 from dpbench.logging.records import write_record
@@ -140,3 +140,20 @@ def test_dpbench_report_refuses_the_bad_record_as_a_user_runs_it(tmp_path):
                           capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "mia_auc is not a number in [0, 1]" in done.stdout
+
+
+def test_the_panel_places_every_private_run_at_its_accounted_epsilon(tmp_path):
+    """A fixed-noise run (no target) is a DP point, not a non-private level; the x value is
+    the accounted epsilon, not the target."""
+    write_record(tmp_path / "t", _record(0, 0.1, **MIA))  # target 1.0, accounted SPENT
+    fixed = {**_record(0, 0.1, **{**MIA, "mia_auc": 0.6}), "privacy": "sigma",
+             "target_epsilon": None}
+    write_record(tmp_path / "f", fixed)
+    write_record(tmp_path / "n", {**_record(0, 0.1, **{**MIA, "mia_auc": 0.7}),
+                                  "method": "nonprivate", "private": False, "epsilon": math.inf,
+                                  "target_epsilon": None, "privacy_ledger": []})
+    lines = dict(empirical_series(load_frame(tmp_path), "mia_auc"))
+    points = lines["dpsgd"]
+    assert [round(e, 9) for e, _ in points] == [round(SPENT, 9)] * 2  # both at the accounted
+    assert sorted(i.mean for _, i in points) == [0.52, 0.6]
+    assert lines["dpsgd (non-private)"] == 0.7

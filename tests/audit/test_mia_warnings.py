@@ -65,6 +65,8 @@ def test_hidden_noise_bug_is_flagged_and_scores_recompute_the_table(tmp_path):
             assert roc_auc_score(members, scores) == pytest.approx(metrics["auc"], abs=1e-12)
             fpr, tpr, _ = roc_curve(members, scores, drop_intermediate=False)
             assert tpr[fpr <= 0.01].max() == pytest.approx(metrics["tpr_at_1pct_fpr"])
+            assert tpr[fpr <= 0.001].max() == pytest.approx(metrics["tpr_at_0p1pct_fpr"])
+        assert np.array_equal(saved["scores_loss"], saved["log_p_pool"][0])
 
 
 def test_the_honest_twin_raises_no_warning(tmp_path, monkeypatch, capfd):
