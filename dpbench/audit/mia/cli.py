@@ -78,7 +78,7 @@ def mia_messages(record: dict[str, Any]) -> list[str]:
     """
     eps, out = record["epsilon"], []
     ceiling = record.get("mia_epsilon_ceiling")
-    if ceiling is not None and eps > ceiling:
+    if ceiling is not None and math.isfinite(eps) and eps > ceiling:
         out.append(f"dpbench-mia: note: epsilon_lower cannot exceed {ceiling:.3g} at this size "
                    f"({record['mia']['attacks'][record['mia_attack']]['epsilon']['evaluated']} "
                    f"evaluated examples): this measurement cannot detect a violation above "
