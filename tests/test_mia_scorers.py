@@ -216,3 +216,19 @@ def test_split_draws_each_model_from_its_own_stream():
     assert len({m.tobytes() for m in masks}) == 5  # no two models share a half
     np.testing.assert_array_equal(masks, memberships(7, 5, 1000))  # reproducible
     assert len({model_seed(7, k) for k in range(5)} | {7}) == 6
+
+
+def test_epsilon_point_is_none_when_no_threshold_gives_a_positive_bound():
+    outcomes = []
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        members = rng.random(200) < 0.5
+        outcomes.append(empirical_epsilon(rng.normal(size=200), members, 1e-5, 0.95, rng))
+    nothing = [o for o in outcomes if o["threshold"] is None]
+    assert len(nothing) >= 30  # random scores: mostly no threshold worth evaluating
+    for o in nothing:
+        assert o["epsilon_lower"] == 0.0 and o["epsilon_point"] is None
+        assert o["tpr"] is None and o["fpr"] is None and o["ceiling"] > 0
+    for o in outcomes:
+        if o["threshold"] is not None:
+            assert o["epsilon_point"] is not None and o["epsilon_point"] >= 0
