@@ -11,6 +11,7 @@ from sklearn.metrics import roc_auc_score, roc_curve
 
 from dpbench.audit.mia.attacks import (
     RMIA_A_GRID,
+    augmented,
     choose_rmia_a,
     gaussian_fit,
     lira_offline,
@@ -232,3 +233,24 @@ def test_epsilon_point_is_none_when_no_threshold_gives_a_positive_bound():
     for o in outcomes:
         if o["threshold"] is not None:
             assert o["epsilon_point"] is not None and o["epsilon_point"] >= 0
+
+
+def test_shift_images_translates_without_wrapping():
+    import torch
+
+    from dpbench.audit.mia.models import shift_images
+
+    x = torch.arange(9.0).reshape(1, 1, 3, 3)
+    assert shift_images(x, 0, 1)[0, 0].tolist() == [[0, 0, 1], [0, 3, 4], [0, 6, 7]]
+    assert shift_images(x, -1, 0)[0, 0].tolist() == [[3, 4, 5], [6, 7, 8], [0, 0, 0]]
+    assert torch.equal(shift_images(x, 0, 0), x)
+
+
+def test_augmented_lira_is_the_mean_of_each_augmentations_score():
+    rng = np.random.default_rng(8)
+    refs, aug, n = 6, 3, 30
+    phi_refs, phi = rng.normal(size=(refs, aug, n)), rng.normal(size=(aug, n))
+    in_refs = rng.random((refs, n)) < 0.5
+    for score in (lira_online, lira_offline):
+        want = np.mean([score(phi[a], phi_refs[:, a], in_refs) for a in range(aug)], axis=0)
+        np.testing.assert_allclose(augmented(score, phi, phi_refs, in_refs), want, rtol=1e-12)

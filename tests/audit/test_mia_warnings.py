@@ -96,3 +96,18 @@ def test_fair_classification_is_attacked(tmp_path, monkeypatch):
     assert 0 <= record["mia_auc"] <= 1 and record["mia_epsilon_ceiling"] > 0
     with np.load(run_dir / "scores.npz") as saved:
         assert saved["log_p_population"].shape == (3, 40)
+
+
+def test_lira_augment_is_refused_for_tabular_inputs_before_training(tmp_path, monkeypatch,
+                                                                    capfd):
+    from tests.helpers.synthetic import write_adult
+
+    write_adult(tmp_path / "data", n_train=150, n_test=60)
+    run_dir = tmp_path / "adult"
+    code = run_cli(hydra_main, ["method=dpsgd", "dataset=adult", "mia.lira_augment=true",
+                                f"paths.data_root={tmp_path / 'data'}", "mia.pool_size=100",
+                                "mia.population_size=40", f"hydra.run.dir={run_dir}"],
+                   monkeypatch)
+    err = capfd.readouterr().err
+    assert code == 2 and "mia.lira_augment" in err and "trained" not in err
+    assert not run_dir.exists()

@@ -129,6 +129,16 @@ def rmia_reference_probability(p_refs: np.ndarray, in_refs: np.ndarray, a: float
     return np.where(count > 0, 0.5 * ((1 + a) * mean_out + (1 - a)), p_refs.mean(axis=0))
 
 
+def augmented(score: Any, phi_target: np.ndarray, phi_refs: np.ndarray, in_refs: np.ndarray,
+              per_example: bool = False) -> np.ndarray:
+    """Return LiRA ``score`` averaged over query augmentations (Carlini et al. 2022,
+    Sec. VI-B): ``phi_target`` (A, n) and ``phi_refs`` (R, A, n) hold each augmentation's
+    values; each augmentation gets its own Gaussians, and the scores are averaged over A."""
+    phi_target, phi_refs = np.asarray(phi_target), np.asarray(phi_refs)
+    return np.mean([score(phi_target[a], phi_refs[:, a], in_refs, per_example)
+                    for a in range(phi_target.shape[0])], axis=0)
+
+
 def rmia_population_probability(p_refs_z: np.ndarray, a: float) -> np.ndarray:
     """Return Pr(z) for population samples, which no reference trained on: the same offline
     interpolation as ``rmia_reference_probability``, 1/2 ((1 + a) mean_refs p_z + (1 - a))
@@ -214,6 +224,6 @@ def choose_rmia_a(p_refs_x: np.ndarray, in_refs_x: np.ndarray, p_refs_z: np.ndar
     return float(best)
 
 
-__all__ = ["ATTACKS", "choose_rmia_a", "gaussian_fit", "lira_offline", "lira_online",
+__all__ = ["ATTACKS", "augmented", "choose_rmia_a", "gaussian_fit", "lira_offline", "lira_online",
            "logit_confidence", "loss_score", "rmia", "rmia_population_probability",
            "rmia_reference_probability"]

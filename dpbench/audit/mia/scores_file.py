@@ -6,6 +6,8 @@ Arrays (numpy, no pickled objects; read with ``np.load(path)``, ``allow_pickle``
 - ``log_p_pool`` / ``phi_pool`` ``(K, n)``: each model's log-probability of the true label and
   its logit-scaled confidence on the pool;
 - ``log_p_population`` ``(K, m)``: each model's log-probability on the population samples;
+- ``phi_pool_augmented`` ``(K, A, n)`` (with ``mia.lira_augment``): phi on the pool's
+  shifted copies, the first the images as they are;
 - ``targets`` (scalar): how many of the K models were attacked;
 - ``scores_<attack>`` ``(targets * n,)``: the attack's scores on the targets' pools, target 0
   first; ``target_members`` ``(targets * n,)``: the matching membership labels.
@@ -33,6 +35,8 @@ def scores_arrays(out: ModelOutputs, targets: int, scores: dict[str, np.ndarray]
             "phi_pool": out.phi_pool, "log_p_population": out.log_p_population,
             "targets": np.asarray(targets),
             "target_members": np.concatenate([out.members[t] for t in range(targets)]),
+            **({"phi_pool_augmented": out.phi_pool_augmented}
+               if out.phi_pool_augmented is not None else {}),
             **{f"scores_{attack}": np.asarray(s, np.float64) for attack, s in scores.items()}}
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from dpbench.audit.mia.attacks import (
+    augmented,
     choose_rmia_a,
     lira_offline,
     lira_online,
@@ -38,10 +39,12 @@ def target_scores(out: ModelOutputs, target: int, attack: str, settings: MIASett
     wide = settings.lira_per_example
     if attack == "loss":
         return loss_score(out.log_p_pool[target])
-    if attack == "lira_online":
-        return lira_online(out.phi_pool[target], out.phi_pool[refs], in_refs, wide)
-    if attack == "lira_offline":
-        return lira_offline(out.phi_pool[target], out.phi_pool[refs], in_refs, wide)
+    if attack.startswith("lira"):
+        score = lira_online if attack == "lira_online" else lira_offline
+        if out.phi_pool_augmented is not None:  # mia.lira_augment
+            aug = out.phi_pool_augmented
+            return augmented(score, aug[target], aug[refs], in_refs, wide)
+        return score(out.phi_pool[target], out.phi_pool[refs], in_refs, wide)
     if attack == "rmia":
         p_x, p_z = np.exp(out.log_p_pool), np.exp(out.log_p_population)
         return rmia(p_x[target], p_x[refs], in_refs, p_z[target], p_z[refs],
@@ -75,6 +78,8 @@ def score_attacks(out: ModelOutputs, settings: MIASettings, delta: float
         if attack.startswith("lira"):
             results[attack]["variance"] = ("per_example" if settings.lira_per_example
                                            else "global")
+            results[attack]["augmentations"] = (1 if out.phi_pool_augmented is None
+                                                else int(out.phi_pool_augmented.shape[1]))
         curves[attack] = roc(scores, members)
         all_scores[attack] = scores
     return results, curves, all_scores

@@ -30,6 +30,9 @@ class MIASettings:
     #: LiRA's Gaussian widths: global (pooled), per_example, or auto (per_example from
     #: ``PER_EXAMPLE_FROM`` references per target, Carlini et al.'s choice with many models)
     lira_variance: str = "auto"
+    #: LiRA queries each image and its shifted copies (``models.SHIFTS``) and averages the
+    #: scores (Carlini et al. 2022, Sec. VI-B); image inputs only
+    lira_augment: bool = False
     rmia_gamma: float = 1.0  # RMIA's likelihood-ratio threshold
     confidence: float = 0.95  # of the bootstrap intervals and the epsilon lower bound
     bootstrap: int = 200  # bootstrap replicates
@@ -63,6 +66,9 @@ class MIASettings:
         if self.lira_variance not in LIRA_VARIANCES:
             raise ConfigError(f"mia.lira_variance must be one of {', '.join(LIRA_VARIANCES)} "
                               f"(got {self.lira_variance!r})")
+        if not isinstance(self.lira_augment, bool):
+            raise ConfigError(f"mia.lira_augment must be true or false (got "
+                              f"{self.lira_augment!r})")
         if not isinstance(self.rmia_tie_break, bool):
             raise ConfigError(f"mia.rmia_tie_break must be true or false (got "
                               f"{self.rmia_tie_break!r})")
