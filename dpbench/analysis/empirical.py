@@ -98,7 +98,12 @@ def violations(group: pd.DataFrame) -> list[str]:
             seed = run.get("seed")
             out.append(f"{bound} {float(value):.3f} > {float(eps):.3f} (seed "
                        f"{'?' if seed is None or pd.isna(seed) else int(seed)})")
-    return out
+    for _, run in group.iterrows():  # any attack of a dpbench-mia run, not only the headline
+        listed, eps, seed = run.get("mia_exceeding"), run.get("epsilon"), run.get("seed")
+        if isinstance(listed, str) and listed:
+            out.append(f"epsilon_lower of {listed} > {float(eps):.3f} (seed "
+                       f"{'?' if seed is None or pd.isna(seed) else int(seed)})")
+    return list(dict.fromkeys(out))
 
 
 def _settings(frame: pd.DataFrame) -> pd.Series:

@@ -247,7 +247,25 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
         row["evaluation_split"] = _text(evaluation.get("split"))
     if record.get("kind") in ("mia", "audit"):  # measurements are grouped by their settings
         row["measurement_setting"] = json.dumps(measurement_setting(record), sort_keys=True)
+    if record.get("kind") == "mia":
+        row["mia_exceeding"] = _exceeding_attacks(record)
     return row
+
+
+def _exceeding_attacks(record: dict[str, Any]) -> str | None:
+    """Return "<attack> <epsilon_lower>, ..." for the attacks a dpbench-mia record lists as
+    exceeding its accounted epsilon (any attack, not only the headline); None if none."""
+    block = record.get("mia")
+    if not isinstance(block, dict) or not isinstance(block.get("exceeds_accounted"), list):
+        return None
+    attacks = block.get("attacks") if isinstance(block.get("attacks"), dict) else {}
+    out = []
+    for name in block["exceeds_accounted"]:
+        found = attacks.get(name) if isinstance(name, str) else None
+        bound = found.get("epsilon") if isinstance(found, dict) else None
+        value = _number(bound.get("epsilon_lower")) if isinstance(bound, dict) else None
+        out.append(f"{str(name)[:40]} {value:.3f}" if value is not None else str(name)[:40])
+    return ", ".join(out) or None
 
 
 def load_frame(root: str | Path) -> pd.DataFrame:

@@ -157,3 +157,13 @@ def test_the_panel_places_every_private_run_at_its_accounted_epsilon(tmp_path):
     assert [round(e, 9) for e, _ in points] == [round(SPENT, 9)] * 2  # both at the accounted
     assert sorted(i.mean for _, i in points) == [0.52, 0.6]
     assert lines["dpsgd (non-private)"] == 0.7
+
+
+def test_a_warning_from_any_attack_not_only_the_headline_is_flagged(tmp_path):
+    block = {"exceeds_accounted": ["lira_online"], "attacks": {
+        "lira_online": {"epsilon": {"epsilon_lower": 1.288}},
+        "rmia": {"epsilon": {"epsilon_lower": 0.235}}}}
+    write_record(tmp_path / "m1", _record(1, 0.1, **{**MIA, "mia_epsilon_lower": 0.235},
+                                          mia=block, privacy_violation=True))
+    row = empirical_table(load_frame(tmp_path)).iloc[0]
+    assert row["warning"] == f"epsilon_lower of lira_online 1.288 > {SPENT:.3f} (seed 1)"
