@@ -207,22 +207,33 @@ def empirical_series(frame: pd.DataFrame, name: str) -> list[tuple[str, Any]]:
     if done is None or done.empty:
         return []
     done, _ = drop_copies(done.assign(eps=done.apply(row_eps_label, axis=1)))
-    settings = sorted(set(_settings(done)))
-    names = {s: ", ".join(f"{k}={v}" for k, v in d.items())
-             for s, d in zip(settings, differing_keys(settings))}
+    # a line runs across epsilons: its setting leaves out the privacy keys (the x axis)
+    line_setting = _settings(done).map(lambda text: json.dumps(
+        {k: v for k, v in json.loads(text).items() if not k.startswith("privacy.")},
+        sort_keys=True))
     accounted = pd.to_numeric(_column(done, "epsilon"), errors="coerce")
     lines: list[tuple[str, Any]] = []
-    for (label, setting), group in done.groupby(["label", _settings(done)]):
-        legend = f"{label}" + (f" [{names[setting]}]" if names[setting] else "")
-        finite = accounted[group.index].map(lambda e: bool(e == e and math.isfinite(e)))
-        if not finite.any():  # no privacy: a level, not a point on the epsilon axis
-            lines.append((legend, float(group[name].astype(float).mean())))
-            continue
-        private = group[finite]
-        points = [(float(accounted[g.index].mean()), t_interval(g[name].astype(float).tolist()))
-                  for _, g in private.groupby("eps")]
-        lines.append((legend, sorted(points, key=lambda point: point[0])))
+    for label, by_label in done.groupby("label"):
+        settings = sorted(set(line_setting[by_label.index]))
+        names = {s: ", ".join(f"{k}={v}" for k, v in d.items())
+                 for s, d in zip(settings, differing_keys(settings))}
+        for setting in settings:
+            group = by_label[line_setting[by_label.index] == setting]
+            lines.append(_series(label, names[setting], group, name, accounted))
     return lines
+
+
+def _series(label: str, differs: str, group: pd.DataFrame, name: str,
+            accounted: pd.Series) -> tuple[str, Any]:
+    """Return one line of ``empirical_series``."""
+    legend = f"{label}" + (f" [{differs}]" if differs else "")
+    finite = accounted[group.index].map(lambda e: bool(e == e and math.isfinite(e)))
+    if not finite.any():  # no privacy: a level, not a point on the epsilon axis
+        return legend, float(group[name].astype(float).mean())
+    private = group[finite]
+    points = [(float(accounted[g.index].mean()), t_interval(g[name].astype(float).tolist()))
+              for _, g in private.groupby("eps")]
+    return legend, sorted(points, key=lambda point: point[0])
 
 
 def empirical_plot(frame: pd.DataFrame, path: Path) -> bool:

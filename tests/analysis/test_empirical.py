@@ -167,3 +167,15 @@ def test_a_warning_from_any_attack_not_only_the_headline_is_flagged(tmp_path):
                                           mia=block, privacy_violation=True))
     row = empirical_table(load_frame(tmp_path)).iloc[0]
     assert row["warning"] == f"epsilon_lower of lira_online 1.288 > {SPENT:.3f} (seed 1)"
+
+
+def test_a_panel_line_runs_across_epsilons_and_splits_on_other_settings(tmp_path):
+    for eps, pool in ((1.0, 200), (8.0, 200), (1.0, 400)):
+        config = {**_mia_config(pool), "privacy": {"name": f"eps{eps:g}",
+                                                   "target_epsilon": eps}}
+        write_record(tmp_path / f"m{eps:g}-{pool}",
+                     {**_record(0, 0.1, **MIA, config=config), "target_epsilon": eps})
+    lines = dict(empirical_series(load_frame(tmp_path), "mia_auc"))
+    assert sorted(lines) == ["dpsgd [mia.pool_size=200]", "dpsgd [mia.pool_size=400]"]
+    assert len(lines["dpsgd [mia.pool_size=200]"]) == 2  # eps 1 and eps 8 on one line
+    assert len(lines["dpsgd [mia.pool_size=400]"]) == 1
