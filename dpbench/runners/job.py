@@ -338,7 +338,11 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
             if record is not None:
                 if start is not None:
                     start.send(StartSignal.DONE)
-                print(f"dpbench: {run_dir} already completed; epsilon {record['epsilon']}")
+                from dpbench.privacy.samplers import RELATION_LABEL
+
+                relation = RELATION_LABEL.get(record.get("neighbouring"), "add/remove")
+                print(f"dpbench: {run_dir} already completed; epsilon {record['epsilon']} "
+                      f"({relation})")
                 return record
         threads = apply_threads(spec.trainer.num_threads, hc)  # k parallel jobs share cores
         callbacks = _callbacks(cfg, run_dir, Path(hc.sweep.dir).name if multirun else None)

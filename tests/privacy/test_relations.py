@@ -311,3 +311,39 @@ def test_rdp_reads_a_shuffle_epoch_the_same_under_each_relation_it_is_listed_for
         acc.compose(ev.GaussianDpEvent(0.5), 10)
         values.append(acc.get_epsilon(DELTA))
     assert values[0] == pytest.approx(values[1], rel=1e-12)
+
+
+def test_privacy_modules_import_from_modules_not_their_own_package():
+    """No import circle through ``dpbench/privacy/__init__.py``: its modules import each
+    other by module (``from dpbench.privacy.calibration import ...``), never the package."""
+    import ast
+    from pathlib import Path
+
+    import dpbench.privacy
+
+    folder = Path(dpbench.privacy.__file__).parent
+    offenders = []
+    for path in sorted(folder.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "dpbench.privacy":
+                offenders.append(f"{path.name}:{node.lineno}")
+            if isinstance(node, ast.Import) and any(a.name == "dpbench.privacy"
+                                                    for a in node.names):
+                offenders.append(f"{path.name}:{node.lineno}")
+    assert offenders == []
+
+
+def test_the_report_puts_each_relation_in_its_own_column():
+    import pandas as pd
+
+    from dpbench.analysis.results import row_eps_label
+    from dpbench.analysis.tables import _eps_order
+
+    rows = [{"private": True, "target_epsilon": 3.0, "neighbouring": n, "noise_multiplier": 1.5}
+            for n in ("replace_one", "add_remove", "zero_out")]
+    labels = [row_eps_label(pd.Series(r)) for r in rows]
+    assert labels == ["eps=3 (replace-one)", "eps=3", "eps=3 (zero-out)"]
+    assert _eps_order([*labels, "eps=1", "sigma=1", "eps=n/a"]) == [
+        "eps=1", "eps=3", "eps=3 (replace-one)", "eps=3 (zero-out)", "sigma=1", "eps=n/a"]
