@@ -24,6 +24,8 @@ OWN = {"poisson": "add_remove", "shuffle": "replace_one", "fixed_size": "replace
 
 def _runs(records: list[dict[str, Any]], kind: str, sampler: str, relation: str
           ) -> list[dict[str, Any]]:
+    if OWN[sampler] != relation and not SUFFIX[relation]:
+        return []  # a sampler's own relation has no suffix; add/remove is Poisson's own
     suffix = "" if OWN[sampler] == relation else SUFFIX[relation]
     runs = [r for r in records if r["_sweep"] == f"{kind}_{sampler}{suffix}"]
     assert all(r["neighbouring"] == relation and r["sampler"] == sampler for r in runs), (
