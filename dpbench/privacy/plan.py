@@ -18,6 +18,7 @@ from dpbench.privacy.banded_mf import amplified_equivalent
 from dpbench.privacy.calibration import calibrate_noise_multiplier
 from dpbench.privacy.ledger import combined_noise_multiplier
 from dpbench.privacy.samplers import (
+    ADD_REMOVE,
     DEFAULT_SAMPLER,
     RELATION_LABEL,
     Sampling,
@@ -109,6 +110,10 @@ def plan_privacy(privacy: Any, trainer: Any, dataset_size: int, private: bool,
     if sampler != DEFAULT_SAMPLER and bands is not None:
         raise ConfigError(f"trainer.sampler={sampler}: this method samples cyclic Poisson "
                           f"batches over {bands} bands itself; use trainer.sampler=poisson")
+    if bands is not None and relation != ADD_REMOVE:
+        raise ConfigError(f"privacy.neighbouring={relation}: this method's cyclic Poisson "
+                          "batches are accounted as DP-SGD under add/remove only; use "
+                          "privacy.neighbouring=null")
     require(trainer.batch_size <= n, "trainer.batch_size", f"<= N = {n} training examples",
             trainer.batch_size)
     q = trainer.batch_size / n

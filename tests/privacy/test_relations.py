@@ -347,3 +347,19 @@ def test_the_report_puts_each_relation_in_its_own_column():
     assert labels == ["eps=3 (replace-one)", "eps=3", "eps=3 (zero-out)"]
     assert _eps_order([*labels, "eps=1", "sigma=1", "eps=n/a"]) == [
         "eps=1", "eps=3", "eps=3 (replace-one)", "eps=3 (zero-out)", "sigma=1", "eps=n/a"]
+
+
+@pytest.mark.parametrize("relation", [REPLACE_ONE, ZERO_OUT])
+def test_cyclic_poisson_is_refused_under_another_relation_than_add_remove(relation):
+    from types import SimpleNamespace
+
+    from dpbench.privacy.plan import plan_privacy
+
+    privacy = SimpleNamespace(enabled=True, delta=None, noise_multiplier=1.0,
+                              target_epsilon=None, accountant=None, neighbouring=relation)
+    trainer = SimpleNamespace(batch_size=100, epochs=2, sampler="poisson")
+    with pytest.raises(ConfigError, match=f"^privacy.neighbouring={relation}: this method"):
+        plan_privacy(privacy, trainer, 1000, True, bands=2)
+    plan = plan_privacy(privacy, trainer, 1000, True)  # plain Poisson: offered
+    assert plan.accountant == "pld" and plan.sampling.neighbouring == relation
+    assert "chose pld" in plan.accountant_note
