@@ -363,3 +363,23 @@ def test_cyclic_poisson_is_refused_under_another_relation_than_add_remove(relati
     plan = plan_privacy(privacy, trainer, 1000, True)  # plain Poisson: offered
     assert plan.accountant == "pld" and plan.sampling.neighbouring == relation
     assert "chose pld" in plan.accountant_note
+
+
+@pytest.mark.integration
+def test_dpbench_with_fixed_size_alone_chooses_rdp_and_says_so_from_a_fresh_shell(tmp_path):
+    """The console script as a user runs it, from outside the repository: the first lines
+    name the chosen accountant, the per-epoch and final lines the relation."""
+    import json
+
+    from tests.test_console_scripts import QUIET, _run
+
+    run = tmp_path / "run"
+    done = _run("dpbench", [*QUIET, "trainer.sampler=fixed_size", f"hydra.run.dir={run}"],
+                tmp_path)
+    text = done.stdout + done.stderr
+    assert "privacy.accountant=null: chose rdp, the accountant for trainer.sampler=fixed_size" \
+        in text
+    assert "accountant=rdp sampler=fixed_size neighbouring=replace_one" in text
+    assert "delta 1e-05, replace-one), test accuracy" in text
+    record = json.loads((run / "results.json").read_text())
+    assert record["accountant"] == "rdp" and record["neighbouring"] == REPLACE_ONE
