@@ -21,11 +21,12 @@ from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.errors import ConfigError
 from dpbench.logging.records import COMPLETED, write_record
 from dpbench.logging.results import run_record
+from dpbench.privacy.samplers import RELATION_LABEL
 from dpbench.runners.job import run_locked
 from dpbench.spec import RunSpec, build_spec
 
 HEADER = ("| method | dataset | epsilon_claimed | epsilon_lower | power | correct / guesses "
-          "| canaries |")
+          "| canaries | claimed under |")
 
 
 def audit_settings(cfg: DictConfig) -> AuditSettings:
@@ -60,7 +61,8 @@ def table_row(record: dict[str, Any]) -> str:
     return (f"| {record['method']} | {record['dataset']} | "
             f"{claimed if math.isinf(claimed) else round(claimed, 3)} | "
             f"{round(a['epsilon_lower'], 3)} | {round(a['power'], 3)} | "
-            f"{a['correct']} / {a['guesses']} | {a['canaries']} |")
+            f"{a['correct']} / {a['guesses']} | {a['canaries']} | "
+            f"{RELATION_LABEL.get(record.get('neighbouring'), 'add/remove')} |")
 
 
 #: files a training run (``dpbench``) leaves in its folder; an audit never writes them
