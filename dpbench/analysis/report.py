@@ -112,9 +112,10 @@ def audit_summary(frame: pd.DataFrame) -> pd.DataFrame | None:
 
 
 def sampler_gap(frame: pd.DataFrame) -> pd.DataFrame | None:
-    """Return, per non-Poisson run cell, the valid epsilon next to the Poisson figure (NOT
-    valid for those runs) and the lower bound (docs/sampling.md); None if every run is
-    Poisson."""
+    """Return, per non-Poisson run cell, under the run's relation (``neighbouring``): the
+    valid epsilon, the lower bound and the Poisson figure (NOT valid for those runs); and,
+    in its own column, the Poisson figure under add/remove, the one such runs are often
+    published with (docs/sampling.md). None if every run is Poisson."""
     if "epsilon_if_poisson" not in frame or not frame["epsilon_if_poisson"].notna().any():
         return None
     runs = frame[frame["epsilon_if_poisson"].notna()]
@@ -122,8 +123,10 @@ def sampler_gap(frame: pd.DataFrame) -> pd.DataFrame | None:
     return runs.groupby(["label", "dataset", "model", "eps", "neighbouring"],
                         dropna=False).agg(
         epsilon_valid=("epsilon", _fmt),
-        epsilon_if_poisson_NOT_VALID=("epsilon_if_poisson", _fmt),
-        epsilon_lower_bound=("epsilon_lower_bound", _fmt), runs=("epsilon", "size"))
+        epsilon_lower_bound=("epsilon_lower_bound", _fmt),
+        epsilon_if_poisson_NOT_VALID=("epsilon_if_poisson_same_relation", _fmt),
+        epsilon_if_poisson_add_remove_NOT_VALID=("epsilon_if_poisson", _fmt),
+        runs=("epsilon", "size"))
 
 
 def build_report(root: str | Path, metric: str = "accuracy",
@@ -155,9 +158,11 @@ def build_report(root: str | Path, metric: str = "accuracy",
                         if not versus.empty else f"(no {markdown_text(baseline)} runs to pair)"))
     gap = sampler_gap(readable) if not readable.empty else None
     if gap is not None:
-        markdown += ("\n\nSamplers other than Poisson: the valid epsilon, the epsilon a "
-                     "Poisson accountant would claim for the same noise (NOT valid for these "
-                     "runs) and a lower bound on any valid one (docs/sampling.md):\n\n"
+        markdown += ("\n\nSamplers other than Poisson, each row under its relation "
+                     "(neighbouring): the valid epsilon, a lower bound on any valid one and "
+                     "the epsilon a Poisson accountant would give for the same noise (NOT "
+                     "valid for these runs); the last epsilon column is the Poisson figure "
+                     "under add/remove, whatever the run's relation (docs/sampling.md):\n\n"
                      + markdown_table(gap.reset_index()))
     audit = audit_summary(audits) if not audits.empty else None
     if audit is not None:

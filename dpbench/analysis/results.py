@@ -26,6 +26,7 @@ from dpbench.logging.records import (
     UNPRIVATISED_DIAGNOSTICS,
 )
 from dpbench.privacy.record_check import LedgerMismatch, check_record_epsilon
+from dpbench.privacy.samplers import RELATION_LABEL
 from dpbench.utils.mac import is_authentic
 from dpbench.utils.safe_json import UnsafeFile, parse_json, read_bytes
 
@@ -34,7 +35,8 @@ _SCALARS = ("method", "method_name", "dataset", "model", "privacy", "seed", "run
             "target_epsilon", "epsilon", "delta", "noise_multiplier", "sample_rate", "steps",
             "accountant", "status", "error", "wall_time_s", "private", "grad_sample_mode",
             "tuning_mode", "tuned_lr", "total_epsilon", "evaluation_split", "sampler",
-            "neighbouring", "epsilon_if_poisson", "epsilon_lower_bound")
+            "neighbouring", "epsilon_if_poisson", "epsilon_lower_bound",
+            "epsilon_if_poisson_same_relation")
 
 
 #: the status of a file the reader could not use (it is no status a run writes)
@@ -309,10 +311,17 @@ def eps_label(value: Any, noise_multiplier: Any = None) -> str:
 
 
 def row_eps_label(row: Any) -> str:
-    """Return ``eps_label`` of a frame row (its noise multiplier counts for private runs)."""
+    """Return ``eps_label`` of a frame row (its noise multiplier counts for private runs),
+    with the run's neighbouring relation when it is not add/remove (``eps=3 (replace-one)``):
+    epsilons under different relations are different guarantees, never one column."""
     private = row.get("private")
     sigma = row.get("noise_multiplier") if private is True or private == 1 else None
-    return eps_label(row.get("target_epsilon"), sigma)
+    label = eps_label(row.get("target_epsilon"), sigma)
+    relation = row.get("neighbouring")
+    if (private is True or private == 1) and isinstance(relation, str) and (
+            relation != "add_remove"):
+        label += f" ({RELATION_LABEL.get(relation, relation)})"
+    return label
 
 
 def _missing(value: Any) -> bool:

@@ -21,11 +21,13 @@ from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.errors import ConfigError
 from dpbench.logging.records import COMPLETED, write_record
 from dpbench.logging.results import run_record
+from dpbench.privacy.samplers import RELATION_LABEL
 from dpbench.runners.job import run_locked
 from dpbench.spec import RunSpec, build_spec
 
 HEADER = ("| method | dataset | epsilon_claimed | epsilon_lower | power | ceiling "
-          "| epsilon_lower (f-DP) | ceiling (f-DP) | correct / guesses | canaries |")
+          "| epsilon_lower (f-DP) | ceiling (f-DP) | correct / guesses | canaries "
+          "| claimed under |")
 
 
 def audit_settings(cfg: DictConfig) -> AuditSettings:
@@ -61,7 +63,8 @@ def table_row(record: dict[str, Any]) -> str:
             f"{claimed if math.isinf(claimed) else round(claimed, 3)} | "
             f"{round(a['epsilon_lower'], 3)} | {round(a['power'], 3)} | "
             f"{_num(a.get('ceiling'))} | {_num(a.get('epsilon_lower_fdp'))} | "
-            f"{_num(a.get('ceiling_fdp'))} | {a['correct']} / {a['guesses']} | {a['canaries']} |")
+            f"{_num(a.get('ceiling_fdp'))} | {a['correct']} / {a['guesses']} | {a['canaries']} | "
+            f"{RELATION_LABEL.get(record.get('neighbouring'), 'add/remove')} |")
 
 
 def _num(value: float | None) -> str:
