@@ -22,6 +22,7 @@ from dpbench.config.hydra_guard import check_hydra_command
 from dpbench.config.schema import register_schemas
 from dpbench.errors import ConfigError
 from dpbench.utils.conf import CONF_DIR
+from dpbench.utils.mac import freeze_key
 from dpbench.utils.paths import register_path_resolver
 
 
@@ -33,12 +34,16 @@ def prepare_hydra() -> None:
 
 def check_command_line(config_name: str, program: str, calling_module: str) -> None:
     """Refuse, before ``hydra.main`` runs anything, a command line whose composed config asks
-    Hydra to run code (``hydra_guard``): one line ``PROGRAM: error: ...``, exit 2.
+    Hydra to run code (``hydra_guard``), or a user without a usable MAC key (``freeze_key``):
+    one line ``PROGRAM: error: ...``, exit 2.
 
     Each console script's ``main`` calls it ahead of its ``hydra_entry`` function.
     """
     prepare_hydra()
     try:
+        # the MAC key is the user's: read once, now, before any config can touch the
+        # environment (a job's hydra.job.env_set is refused by the guard as well)
+        freeze_key(create=True)
         check_hydra_command(sys.argv[1:], CONF_DIR, config_name, calling_module)
     except ConfigError as err:
         print(f"{program}: error: {err}", file=sys.stderr)
