@@ -263,7 +263,8 @@ def test_mia_stops_on_a_signal_in_one_line(tmp_path, sig):
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "dpbench.audit.mia", *QUIET,
                              "method=dpsgd", "privacy=eps1", "trainer.epochs=50",
-                             "mia.pool_size=200", "mia.references=8", f"hydra.run.dir={run}"],
+                             "mia.pool_size=400", "mia.references=8", "trainer.batch_size=16",
+                             f"hydra.run.dir={run}"],
                             cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -282,3 +283,29 @@ def test_mia_stops_on_a_signal_in_one_line(tmp_path, sig):
     assert lines[-1].startswith(f"dpbench-mia: preempted by {sig.name} before its record was "
                                 "written"), lines
     assert not (run / "results.json").exists()
+
+
+# --- a record whose epsilon cannot be derived ------------------------------------------------
+
+def test_records_without_a_derivable_epsilon_are_never_under_an_epsilon_column(tmp_path):
+    """Before, a hand-written record with no ledger and one marked ``private: false`` with
+    ``target_epsilon: 1`` showed as ``eps=1 0.9850 (n=2)`` with no mark."""
+    from dpbench.analysis.plots import utility_curves
+    from dpbench.analysis.report import build_report
+    from dpbench.analysis.results import UNDERIVED_LABEL, load_frame
+
+    base = {"status": "completed", "method": "dpsgd", "method_name": "dpsgd",
+            "dataset": "digits", "model": "logreg", "target_epsilon": 1, "epsilon": 1.0,
+            "metrics": {"accuracy": 0.985}, "tuning": {"mode": "none"}}
+    for i, extra in enumerate([{}, {"private": False}]):
+        (tmp_path / f"r{i}").mkdir()
+        (tmp_path / f"r{i}" / "results.json").write_text(json.dumps({**base, **extra,
+                                                                     "seed": i}))
+    frame, markdown = build_report(tmp_path)
+    table = markdown.split("\n\n")[0]
+    assert "eps=1" not in markdown and "eps=" not in table.splitlines()[0]
+    assert f"| {UNDERIVED_LABEL}" in table.splitlines()[0] or UNDERIVED_LABEL in table
+    assert "Runs whose epsilon cannot be derived" in markdown
+    assert (tmp_path / "r0").as_posix() in markdown and (tmp_path / "r1").as_posix() in markdown
+    assert frame["target_epsilon"].isna().all() and frame["epsilon"].isna().all()
+    assert utility_curves(load_frame(tmp_path), "accuracy") == {}

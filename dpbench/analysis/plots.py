@@ -30,6 +30,8 @@ def utility_curves(frame: pd.DataFrame, metric: str) -> dict[str, list | float]:
     too and never mistaken for a non-private level.
     """
     ok = frame[(frame["status"] == COMPLETED)]
+    if "underived" in ok:  # no derivable epsilon: on no curve, nor as a non-private level
+        ok = ok[ok["underived"] != True]  # noqa: E712
     ok = ok[ok[metric].notna()] if metric in ok else ok.iloc[0:0]
     curves: dict[str, list | float] = {}
     for label, group in ok.groupby("label"):
