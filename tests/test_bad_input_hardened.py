@@ -309,3 +309,21 @@ def test_records_without_a_derivable_epsilon_are_never_under_an_epsilon_column(t
     assert (tmp_path / "r0").as_posix() in markdown and (tmp_path / "r1").as_posix() in markdown
     assert frame["target_epsilon"].isna().all() and frame["epsilon"].isna().all()
     assert utility_curves(load_frame(tmp_path), "accuracy") == {}
+
+
+def test_a_record_whose_target_was_lowered_is_refused(tmp_path):
+    """A run that spent 2.99 with its target edited to 1 once read as ``eps=1``."""
+    from dpbench.analysis.results import iter_records
+    from tests.helpers.report_records import with_ledger
+
+    true = with_ledger({"status": "completed", "method": "dpsgd", "dataset": "digits",
+                        "model": "mlp", "seed": 0, "target_epsilon": 100.0,
+                        "metrics": {"accuracy": 0.9}})
+    lowered = {**true, "target_epsilon": true["epsilon"] / 3}
+    for name, record in (("true", true), ("lowered", lowered)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(record))
+    read = dict(iter_records(tmp_path))
+    assert read[tmp_path / "true" / "results.json"]["epsilon"] == true["epsilon"]
+    message = read[tmp_path / "lowered" / "results.json"]
+    assert isinstance(message, str) and "above its target" in message

@@ -172,6 +172,10 @@ def check_record_epsilon(record: Mapping[str, Any], what: str = "results.json"
         raise LedgerMismatch(f"{what} spends epsilon {derived:.6g}, below its target {target:g} "
                              "less the calibration's tolerance: its noise is not the calibrated "
                              "one")
+    if isinstance(target, (int, float)) and derived > target * (1 + EPSILON_RTOL):
+        # calibration lands at or below the target: a run above it was not run for it
+        raise LedgerMismatch(f"{what} spends epsilon {derived:.6g}, above its target "
+                             f"{target:g}: it was not run for that target")
     return derived
 
 
