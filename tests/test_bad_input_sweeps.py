@@ -172,3 +172,15 @@ def test_the_key_read_at_start_up_signs_even_if_the_environment_changes_later(tm
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.processes
+def test_dpbench_tune_reads_the_key_before_any_trial(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dpbench.tune.cli", "--lrs", "0.1", "--seeds",
+                           "0", "--out", str(tmp_path / "out"), "--", "trainer.epochs=1"],
+                          cwd=tmp_path, env=_env(DPBENCH_MAC_KEY="short"), capture_output=True,
+                          text=True, timeout=120)
+    lines = _stderr_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("dpbench-tune: error: DPBENCH_MAC_KEY is 5 characters long")
+    assert not (tmp_path / "out").exists()

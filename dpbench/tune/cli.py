@@ -399,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     job = job_of(args)
     logging.basicConfig(level=logging.INFO, format="[dpbench-tune] %(message)s")
     try:
+        from dpbench.utils.mac import freeze_key
+
+        freeze_key(create=True)  # the user's MAC key, read once, before any trial
         cells = check_cells(job)  # every cell and stored choice, before anything is created
     except DPBenchError as err:
         return _fail(str(err))
