@@ -25,6 +25,10 @@ from dpbench.utils.conf import CONF_DIR
 from dpbench.utils.mac import freeze_key
 from dpbench.utils.paths import register_path_resolver
 
+#: Hydra's flags that print and run no job
+_PRINT_ONLY = frozenset({"--help", "--hydra-help", "--version", "--cfg", "--info",
+                         "--shell-completion", "--resolve"})
+
 
 def prepare_hydra() -> None:
     """Register the schemas and resolvers a dpbench config needs (idempotent)."""
@@ -42,8 +46,11 @@ def check_command_line(config_name: str, program: str, calling_module: str) -> N
     prepare_hydra()
     try:
         # the MAC key is the user's: read once, now, before any config can touch the
-        # environment (a job's hydra.job.env_set is refused by the guard as well)
-        freeze_key(create=True)
+        # environment (a job's hydra.job.env_set is refused by the guard as well); a command
+        # that only prints (--help, --cfg, --info, ...) runs no job and needs none
+        if not any(arg.split("=")[0] in _PRINT_ONLY or arg in ("-h", "-c", "-i")
+                   for arg in sys.argv[1:]):
+            freeze_key(create=True)
         check_hydra_command(sys.argv[1:], CONF_DIR, config_name, calling_module)
     except ConfigError as err:
         print(f"{program}: error: {err}", file=sys.stderr)
