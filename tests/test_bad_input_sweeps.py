@@ -73,6 +73,25 @@ def test_every_sweep_syntax_composes_the_hostile_option(tmp_path, args):
     assert not marker.exists()
 
 
+def test_a_swept_plain_value_reaching_the_logging_config_is_checked_per_job(tmp_path):
+    """Jobs that differ only in plain values are composed once, unless a checked value
+    interpolates: then every job is (here only the second value names a file handler)."""
+    folder = tmp_path / "shared"
+    (folder / "experiment").mkdir(parents=True)
+    (folder / "experiment" / "interp.yaml").write_text(textwrap.dedent("""\
+        # @package _global_
+        handler_class: logging.StreamHandler
+        hydra:
+          job_logging:
+            handlers:
+              h: {class: "${handler_class}"}
+        """))
+    with pytest.raises(ConfigError, match=r"hydra.job_logging.handlers.h.class="):
+        check_hydra_command(["--config-dir", str(folder), "-m", "experiment=interp",
+                             "handler_class=logging.StreamHandler,logging.FileHandler"],
+                            CONF_DIR, "config", "dpbench.cli")
+
+
 def test_a_sweep_the_guard_cannot_list_is_refused(tmp_path):
     """``interval(...)`` only a search sweeper lists: refused, never left unchecked."""
     with pytest.raises(ConfigError, match="the sweep cannot be listed"):

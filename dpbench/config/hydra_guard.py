@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from dpbench.config.targets import check_targets, is_allowed_target
 from dpbench.errors import ConfigError
@@ -187,6 +187,47 @@ def _sweep_jobs(hydra: Any, overrides: list[str]) -> list[list[str]]:
     return [job for batch in batches for job in batch]
 
 
+#: the parts of the ``hydra`` node that ``check_hydra_node`` checks
+CHECKED_KEYS = ("hydra.callbacks", *LOGGING_KEYS, "hydra.launcher", "hydra.sweeper",
+                "hydra.job.env_set", "hydra.output_subdir")
+
+
+def _same_hydra_node(hydra: Any, jobs: list[list[str]]) -> list[list[list[str]]]:
+    """Group ``jobs`` by what can change their checked ``hydra`` values: the config group
+    choices (the defaults list) and the overrides of ``hydra`` keys. Jobs of one group
+    differ only in plain values outside ``hydra``, which reach the checked values only
+    through an interpolation; so one composition per group is checked, or every one where
+    the checked values interpolate (``_interpolates``). A sweep of seeds x settings is then
+    composed once per group choice, not once per job."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    repository = hydra.config_loader.repository
+    groups: dict[tuple[str, ...], list[list[str]]] = {}
+    for job in jobs:
+        key = []
+        for override in parser.parse_overrides(job):
+            name = override.key_or_group
+            if (name == "hydra" or override.is_hydra_override()
+                    or repository.group_exists(name)):
+                key.append(override.input_line)
+        groups.setdefault(tuple(key), []).append(job)
+    return list(groups.values())
+
+
+def _interpolates(cfg: DictConfig) -> bool:
+    """Return whether a value ``check_hydra_node`` checks holds an interpolation."""
+    for key in CHECKED_KEYS:
+        node = OmegaConf.select(cfg, key)
+        if isinstance(node, DictConfig | ListConfig):
+            node = OmegaConf.to_container(node, resolve=False)
+        if isinstance(node, str) and "${" in node:
+            return True
+        if any(isinstance(v, str) and "${" in v for _, _, v in _walk(key, node)):
+            return True
+    return False
+
+
 def check_hydra_command(argv: Sequence[str], config_dir: str, config_name: str,
                         calling_module: str) -> None:
     """Compose what ``hydra.main(config_path=config_dir, config_name=...)`` will run for the
@@ -234,11 +275,14 @@ def check_hydra_command(argv: Sequence[str], config_dir: str, config_name: str,
             return
         params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
         swept = [f"{k}={v}" for k, v in params.items()] + overrides
-        for job in _sweep_jobs(hydra, swept):
-            try:
-                job_cfg = hydra.compose_config(config_name, job, run_mode=RunMode.RUN)
-            except Exception:  # noqa: BLE001 - the launcher reports a job that does not compose
-                continue
-            check_hydra_node(job_cfg)
+        for members in _same_hydra_node(hydra, _sweep_jobs(hydra, swept)):
+            for job in members:
+                try:
+                    job_cfg = hydra.compose_config(config_name, job, run_mode=RunMode.RUN)
+                except Exception:  # noqa: BLE001 - the launcher reports a job that won't compose
+                    continue
+                check_hydra_node(job_cfg)
+                if not _interpolates(job_cfg):
+                    break  # the class's other jobs compose this very node (``_same_hydra_node``)
     finally:
         GlobalHydra.instance().clear()
