@@ -327,3 +327,23 @@ def test_a_record_whose_target_was_lowered_is_refused(tmp_path):
     assert read[tmp_path / "true" / "results.json"]["epsilon"] == true["epsilon"]
     message = read[tmp_path / "lowered" / "results.json"]
     assert isinstance(message, str) and "above its target" in message
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("target_epsilon", float("nan"), "target_epsilon nan is not a finite number > 0"),
+    ("target_epsilon", -1, "target_epsilon -1 is not a finite number > 0"),
+    ("epsilon", float("nan"), "epsilon nan is not a number >= 0"),
+    ("epsilon", -0.5, "epsilon -0.5 is not a number >= 0"),
+])
+def test_a_nan_or_negative_epsilon_is_refused_naming_the_key(tmp_path, field, value, message):
+    """Found by the property test: a NaN target read as a record with no target."""
+    from dpbench.analysis.results import iter_records
+    from tests.helpers.report_records import with_ledger
+
+    record = with_ledger({"status": "completed", "method": "dpsgd", "dataset": "digits",
+                          "model": "mlp", "seed": 0, "target_epsilon": 3.0,
+                          "metrics": {"accuracy": 0.9}})
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "results.json").write_text(json.dumps({**record, field: value}))
+    [(_, read)] = list(iter_records(tmp_path))
+    assert isinstance(read, str) and message in read

@@ -69,6 +69,11 @@ def check_record(record: Any) -> dict[str, Any]:
                 isinstance(value, bool) and bool not in types)):
             raise Unreadable(f"{key} has the wrong type ({type(value).__name__}: "
                              f"{str(value)[:40]!r})")
+    target, epsilon = record.get("target_epsilon"), record.get("epsilon")
+    if target is not None and not (math.isfinite(target) and target > 0):
+        raise Unreadable(f"target_epsilon {target!r} is not a finite number > 0")
+    if epsilon is not None and not epsilon >= 0:  # NaN too
+        raise Unreadable(f"epsilon {epsilon!r} is not a number >= 0")
     return record
 
 
