@@ -125,7 +125,8 @@ MAX_SWEEP_JOBS = 100_000
 
 
 def _names_key_variable(text: str) -> bool:
-    return any(name in text for name in ("DPBENCH_", "XDG_CONFIG_HOME", "HOME="))
+    """Whether a launcher string names a variable that chooses the MAC key."""
+    return any(name in text for name in ("DPBENCH_MAC_KEY", "XDG_CONFIG_HOME", "HOME="))
 
 
 def check_environment(cfg: DictConfig) -> None:
@@ -143,9 +144,9 @@ def check_environment(cfg: DictConfig) -> None:
     for where, _, value in _walk("hydra.launcher", launcher if isinstance(launcher, dict)
                                  else {}):
         if isinstance(value, str) and _names_key_variable(value):
-            raise ConfigError(f"{where}={value!r} is refused: it names dpbench's environment "
-                              "(DPBENCH_*, XDG_CONFIG_HOME, HOME), which only the user's shell "
-                              "sets (docs/reliability-bad-input.md)")
+            raise ConfigError(f"{where}={value!r} is refused: it names a variable that "
+                              "chooses the MAC key (DPBENCH_MAC_KEY*, XDG_CONFIG_HOME, HOME), "
+                              "which only the user's shell sets (docs/reliability-bad-input.md)")
 
 
 def check_plugins(cfg: DictConfig) -> None:
