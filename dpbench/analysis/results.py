@@ -69,6 +69,8 @@ def check_record(record: Any) -> dict[str, Any]:
                 isinstance(value, bool) and bool not in types)):
             raise Unreadable(f"{key} has the wrong type ({type(value).__name__}: "
                              f"{str(value)[:40]!r})")
+    if record["status"] == "failed":  # its target may be the bad input it failed on
+        return record
     target, epsilon = record.get("target_epsilon"), record.get("epsilon")
     if target is not None and not (math.isfinite(target) and target > 0):
         raise Unreadable(f"target_epsilon {target!r} is not a finite number > 0")
