@@ -78,7 +78,8 @@ SCRIPTS: list[tuple[str, Callable[[Path], list[str]], Callable[[Path], None] | N
     ("dpbench-reproduce", lambda out: ["fiber", "--claims-only", "--out", str(out)],
      _reproduce_inputs),
 ]
-SLOW = {"dpbench-mia", "dpbench-tune", "dpbench-audit"}
+#: whole training runs (three each): make test-slow; report and reproduce stay in make test
+SLOW = {"dpbench", "dpbench-mia", "dpbench-tune", "dpbench-audit"}
 
 
 def _written(script, args, prepare, folder: Path) -> list[str]:
