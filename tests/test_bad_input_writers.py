@@ -78,7 +78,7 @@ SCRIPTS: list[tuple[str, Callable[[Path], list[str]], Callable[[Path], None] | N
     ("dpbench-reproduce", lambda out: ["fiber", "--claims-only", "--out", str(out)],
      _reproduce_inputs),
 ]
-#: whole training runs (three each): make test-slow; report and reproduce stay in make test
+#: whole training runs (three each): make test-full; report and reproduce stay in make test
 SLOW = {"dpbench", "dpbench-mia", "dpbench-tune", "dpbench-audit"}
 
 
