@@ -30,6 +30,7 @@ import pandas as pd
 from dpbench.analysis.results import row_eps_label
 from dpbench.analysis.stats import t_interval
 from dpbench.logging.records import COMPLETED
+from dpbench.utils.io import save_figure
 
 CELL_KEYS = ["label", "dataset", "model", "eps"]
 #: the MIA columns shown as mean ± t over seeds: (record field, column title)
@@ -266,6 +267,6 @@ def empirical_plot(frame: pd.DataFrame, path: Path) -> bool:
                title=f"empirical: {title}")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
     return True

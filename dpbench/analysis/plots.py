@@ -9,6 +9,7 @@ import pandas as pd
 
 from dpbench.analysis.stats import t_interval
 from dpbench.logging.records import COMPLETED
+from dpbench.utils.io import save_figure
 
 
 def _pyplot():
@@ -29,6 +30,8 @@ def utility_curves(frame: pd.DataFrame, metric: str) -> dict[str, list | float]:
     too and never mistaken for a non-private level.
     """
     ok = frame[(frame["status"] == COMPLETED)]
+    if "underived" in ok:  # no derivable epsilon: on no curve, nor as a non-private level
+        ok = ok[ok["underived"] != True]  # noqa: E712
     ok = ok[ok[metric].notna()] if metric in ok else ok.iloc[0:0]
     curves: dict[str, list | float] = {}
     for label, group in ok.groupby("label"):
@@ -69,7 +72,7 @@ def privacy_utility(frame: pd.DataFrame, metric: str, path: Path) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -87,7 +90,7 @@ def pareto(frame: pd.DataFrame, x: str, y: str, path: Path, title: str = "") -> 
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -170,8 +173,8 @@ def forest(points: list[dict], path: Path, title: str) -> None:
         fig.legend(handles=handles, fontsize=8, loc="lower center", ncol=len(handles),
                    frameon=False, bbox_to_anchor=(0.45, 0.0))
     ax.grid(axis="x", alpha=0.3)
-    fig.savefig(path.with_suffix(".png"), dpi=110)
-    fig.savefig(path.with_suffix(".pdf"))
+    save_figure(fig, path.with_suffix(".png"), dpi=110)
+    save_figure(fig, path.with_suffix(".pdf"))
     plt.close(fig)
 
 

@@ -33,6 +33,7 @@ from dpbench.analysis.empirical import (
 from dpbench.analysis.plots import privacy_utility
 from dpbench.analysis.results import (
     RESULTS_NAME,
+    UNDERIVED_LABEL,
     UNREADABLE,
     load_frame,
     load_records,
@@ -176,6 +177,11 @@ def build_report(root: str | Path, metric: str = "accuracy",
     if not duplicates.empty:
         markdown += ("\n\nDuplicate runs (the same cell and seed as a run above; not counted):\n"
                      + "\n".join(f"- {markdown_text(r.run_dir)}" for r in duplicates.itertuples()))
+    if "underived" in readable and (readable["underived"] == True).any():  # noqa: E712
+        markdown += (f"\n\nRuns whose epsilon cannot be derived (no privacy_ledger): under "
+                     f"'{UNDERIVED_LABEL}', never under an epsilon, on no curve:\n" + "\n".join(
+                         f"- {markdown_text(r.run_dir)}" for r in
+                         readable[readable["underived"] == True].itertuples()))  # noqa: E712
     for status, title in ((FAILED, "Failed runs"), (UNREADABLE, "Unreadable results")):
         listed = frame[frame["status"] == status]
         if not listed.empty:

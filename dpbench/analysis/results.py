@@ -36,7 +36,7 @@ _SCALARS = ("method", "method_name", "dataset", "model", "privacy", "seed", "run
             "accountant", "status", "error", "wall_time_s", "private", "grad_sample_mode",
             "tuning_mode", "tuned_lr", "total_epsilon", "evaluation_split", "sampler",
             "neighbouring", "epsilon_if_poisson", "epsilon_lower_bound",
-            "epsilon_if_poisson_same_relation")
+            "epsilon_if_poisson_same_relation", "underived")
 
 
 #: the status of a file the reader could not use (it is no status a run writes)
@@ -104,6 +104,13 @@ def check_record(record: Any) -> dict[str, Any]:
             raise Unreadable(f"{key} has the wrong type ({type(value).__name__}: "
                              f"{str(value)[:40]!r})")
     _check_measured(record)
+    if record["status"] == "failed":  # its target may be the bad input it failed on
+        return record
+    target, epsilon = record.get("target_epsilon"), record.get("epsilon")
+    if target is not None and not (math.isfinite(target) and target > 0):
+        raise Unreadable(f"target_epsilon {target!r} is not a finite number > 0")
+    if epsilon is not None and not epsilon >= 0:  # NaN too
+        raise Unreadable(f"epsilon {epsilon!r} is not a number >= 0")
     return record
 
 
@@ -140,18 +147,27 @@ def derived_epsilon(record: dict[str, Any], path: Path) -> dict[str, Any]:
 
     A record with a ``privacy_ledger`` (or marked private) must state the epsilon its ledger
     gives under its plan (``privacy.record_check.check_record_epsilon``), else Unreadable names the
-    disagreement. One with neither (written by hand, or by a dpbench before ledgers) has no
-    epsilon to derive: its ``epsilon`` is dropped (None), and it is tabulated only under the
-    target it names.
+    disagreement. One with neither (written by hand, or by a dpbench before ledgers) that
+    names an epsilon or a target has no epsilon to derive: both are moved aside
+    (``epsilon_underived``, ``target_epsilon_underived``) and it is marked ``underived``, so
+    no epsilon column, curve or claim ever shows it; tables put it apart, under ``no ledger``
+    (``UNDERIVED_LABEL``). A non-private record (derived epsilon infinite) keeps no target
+    either: it is shown among the non-private runs.
     """
     if "privacy_ledger" not in record and record.get("private") is not True:
-        if isinstance(record.get("epsilon"), (int, float)) and record["epsilon"] != math.inf:
-            return {**record, "epsilon": None, "epsilon_underived": record["epsilon"]}
+        named = {key: record.get(key) for key in ("epsilon", "target_epsilon")
+                 if _number(record.get(key)) is not None and record.get(key) != math.inf}
+        if named:
+            return {**record, "epsilon": None, "target_epsilon": None, "underived": True,
+                    **{f"{key}_underived": value for key, value in named.items()}}
         return record
     try:
         check_record_epsilon(record, str(path))
     except LedgerMismatch as err:
         raise Unreadable(f"refused: {err}") from None
+    if record.get("private") is False and record.get("target_epsilon") is not None:
+        return {**record, "target_epsilon": None,
+                "target_epsilon_underived": record["target_epsilon"]}
     return record
 
 
@@ -299,6 +315,11 @@ def load_frame(root: str | Path) -> pd.DataFrame:
     return frame
 
 
+#: the column of records whose epsilon cannot be derived (no ledger): apart from every
+#: epsilon column, and marked as such
+UNDERIVED_LABEL = "no ledger"
+
+
 def eps_label(value: Any, noise_multiplier: Any = None) -> str:
     """Return the column label of a run: ``eps=<target>``; for a private run with a fixed
     noise multiplier and no target, ``sigma=<multiplier>`` (runs at different noise levels
@@ -313,7 +334,10 @@ def eps_label(value: Any, noise_multiplier: Any = None) -> str:
 def row_eps_label(row: Any) -> str:
     """Return ``eps_label`` of a frame row (its noise multiplier counts for private runs),
     with the run's neighbouring relation when it is not add/remove (``eps=3 (replace-one)``):
-    epsilons under different relations are different guarantees, never one column."""
+    epsilons under different relations are different guarantees, never one column. A row whose
+    epsilon cannot be derived gets ``UNDERIVED_LABEL``, apart from every epsilon."""
+    if row.get("underived") is True:
+        return UNDERIVED_LABEL
     private = row.get("private")
     sigma = row.get("noise_multiplier") if private is True or private == 1 else None
     label = eps_label(row.get("target_epsilon"), sigma)

@@ -3,7 +3,9 @@
 The target is the baseline's final accuracy; a method's steps-to-target is the first
 evaluated step at which its accuracy reaches it; the speed-up is 1 - steps / baseline steps;
 the epsilon saved is the accountant's epsilon at the baseline's last step minus its epsilon at
-the method's steps-to-target (both read from the runs' ``step_history``).
+the method's steps-to-target. Both are re-derived from each run's own ``privacy_ledger``
+(``privacy.record_check.epsilon_after``), never read from its ``history`` or ``step_history``,
+which anyone could edit; a run without a ledger has no epsilon saved (n/a).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dpbench.analysis.results import load_records
+from dpbench.privacy.record_check import LedgerMismatch, epsilon_after
 
 
 def steps_to_target(step_history: Sequence[dict[str, Any]], target: float,
@@ -33,6 +36,15 @@ def curve(record: dict[str, Any], metric: str = "accuracy") -> list[dict[str, An
     return [rows[k] for k in sorted(rows)]
 
 
+def epsilon_at(record: dict[str, Any], step: int) -> float:
+    """Return the epsilon ``record``'s ledger gives after ``step`` steps (NaN without a ledger
+    that checks: an epsilon is re-derived, never read)."""
+    try:
+        return epsilon_after(record, int(step), str(record.get("_path", "results.json")))
+    except (LedgerMismatch, TypeError, ValueError):
+        return math.nan
+
+
 def compare_to_baseline(baseline: dict[str, Any], method: dict[str, Any],
                         metric: str = "accuracy") -> dict[str, Any]:
     """Return steps-to-target, speed-up (%) and epsilon saved of ``method`` vs ``baseline``."""
@@ -44,13 +56,13 @@ def compare_to_baseline(baseline: dict[str, Any], method: dict[str, Any],
     out = {"target": final[metric], "baseline_steps": final["step"],
            "baseline_peak": max(r[metric] for r in base_rows),
            "method_peak": max(r[metric] for r in method_rows),
-           "baseline_epsilon": final["epsilon"],
+           "baseline_epsilon": epsilon_at(baseline, final["step"]),
            "method_final": method_rows[-1][metric], "reached": hit is not None}
     if hit is None:
         out.update(steps=math.nan, speedup_pct=math.nan, epsilon_saved=math.nan)
     else:
         out.update(steps=hit["step"], speedup_pct=100.0 * (1 - hit["step"] / final["step"]),
-                   epsilon_saved=final["epsilon"] - hit["epsilon"])
+                   epsilon_saved=out["baseline_epsilon"] - epsilon_at(method, hit["step"]))
     return out
 
 

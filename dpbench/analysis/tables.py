@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from dpbench.analysis.results import row_eps_label
+from dpbench.analysis.results import UNDERIVED_LABEL, row_eps_label
 from dpbench.analysis.stats import (
     Interval,
     higher_is_better,
@@ -92,6 +92,8 @@ def _eps_order(columns) -> list[str]:
     def key(c: str) -> tuple[int, float, str]:
         if c == "eps=n/a":
             return (2, math.inf, "")
+        if c == UNDERIVED_LABEL:  # no derivable epsilon: last, apart from every epsilon
+            return (3, math.inf, "")
         name, _, value = c.partition("=")
         number, _, relation = value.partition(" ")
         return (0 if name == "eps" else 1, float(number), relation)

@@ -64,6 +64,8 @@ from dpbench.utils.seeding import stream_generator
 log = logging.getLogger(__name__)
 BREAKS = ("none", "noise", "clipping")
 AUTO = "auto"
+#: most canaries (and guesses) an audit may set: each is a gradient added at every step
+MAX_CANARIES = 1_000_000
 
 
 @dataclass
@@ -82,9 +84,9 @@ class AuditSettings:
         for key, low in (("canaries", 2), ("guesses_included", 0), ("guesses_excluded", 0)):
             value = getattr(self, key)
             if value != AUTO and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < low):
-                raise ConfigError(f"audit.{key} must be an integer >= {low} or auto "
-                                  f"(got {value!r})")
+                                  or not low <= value <= MAX_CANARIES):
+                raise ConfigError(f"audit.{key} must be an integer in [{low}, {MAX_CANARIES}] "
+                                  f"or auto (got {value!r})")
         counts = (self.canaries, self.guesses_included, self.guesses_excluded)
         if AUTO not in counts and self.guesses_included + self.guesses_excluded > self.canaries:
             raise ConfigError("audit.guesses_included + audit.guesses_excluded must be between "

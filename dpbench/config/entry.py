@@ -22,7 +22,12 @@ from dpbench.config.hydra_guard import check_hydra_command
 from dpbench.config.schema import register_schemas
 from dpbench.errors import ConfigError
 from dpbench.utils.conf import CONF_DIR
+from dpbench.utils.mac import freeze_key
 from dpbench.utils.paths import register_path_resolver
+
+#: Hydra's flags that print and run no job
+_PRINT_ONLY = frozenset({"--help", "--hydra-help", "--version", "--cfg", "--info",
+                         "--shell-completion", "--resolve"})
 
 
 def prepare_hydra() -> None:
@@ -33,12 +38,19 @@ def prepare_hydra() -> None:
 
 def check_command_line(config_name: str, program: str, calling_module: str) -> None:
     """Refuse, before ``hydra.main`` runs anything, a command line whose composed config asks
-    Hydra to run code (``hydra_guard``): one line ``PROGRAM: error: ...``, exit 2.
+    Hydra to run code (``hydra_guard``), or a user without a usable MAC key (``freeze_key``):
+    one line ``PROGRAM: error: ...``, exit 2.
 
     Each console script's ``main`` calls it ahead of its ``hydra_entry`` function.
     """
     prepare_hydra()
     try:
+        # the MAC key is the user's: read once, now, before any config can touch the
+        # environment (a job's hydra.job.env_set is refused by the guard as well); a command
+        # that only prints (--help, --cfg, --info, ...) runs no job and needs none
+        if not any(arg.split("=")[0] in _PRINT_ONLY or arg in ("-h", "-c", "-i")
+                   for arg in sys.argv[1:]):
+            freeze_key(create=True)
         check_hydra_command(sys.argv[1:], CONF_DIR, config_name, calling_module)
     except ConfigError as err:
         print(f"{program}: error: {err}", file=sys.stderr)

@@ -173,6 +173,10 @@ def check_record_epsilon(record: Mapping[str, Any], what: str = "results.json"
         raise LedgerMismatch(f"{what} spends epsilon {derived:.6g}, below its target {target:g} "
                              "less the calibration's tolerance: its noise is not the calibrated "
                              "one")
+    if isinstance(target, (int, float)) and derived > target * (1 + EPSILON_RTOL):
+        # calibration lands at or below the target: a run above it was not run for it
+        raise LedgerMismatch(f"{what} spends epsilon {derived:.6g}, above its target "
+                             f"{target:g}: it was not run for that target")
     return derived
 
 
@@ -315,3 +319,50 @@ def ledger_epsilon(ledger: list[Mapping[str, Any]], delta: float) -> float:
             neighboring_relation=relation, value_discretization_interval=1e-4)
     accountant.compose(dp_event_for(sampling, history))
     return float(accountant.get_epsilon(delta))
+
+
+def epsilon_after(record: Mapping[str, Any], step: int, what: str = "results.json") -> float:
+    """Return the epsilon the record's own ``privacy_ledger`` gives after its first ``step``
+    loop steps, by its accountant at its delta and under its sampler, as
+    ``check_record_epsilon`` derives the final one: what a ``history`` or ``step_history``
+    row at that step must state, re-derived rather than read. LedgerMismatch (one line) if
+    the ledger does not check or ends before ``step``; infinity for a non-private record."""
+    from dpbench.privacy.accountant import compose_epsilon
+
+    if record.get("private") is False:
+        return math.inf
+    ledger = record.get("privacy_ledger")
+    if ledger is None:
+        raise LedgerMismatch(f"{what} has no privacy_ledger to derive an epsilon from")
+    steps, bands = record.get("steps"), record.get("participation_bands") or 1
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise LedgerMismatch(f"{what}: steps is not an integer >= 0 ({steps!r})")
+    if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
+        raise LedgerMismatch(f"{what}: participation_bands is not an integer >= 1 ({bands!r})")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= steps:
+        raise LedgerMismatch(f"{what}: step {step!r} is not one of its {steps} steps")
+    ledger = check_ledger(ledger, noise_multiplier=record.get("noise_multiplier"),
+                          sample_rate=record.get("sample_rate"), bands=bands, steps=steps,
+                          what=f"{what}: privacy_ledger")
+    left, prefix = accounted_steps(step, bands), []
+    for entry in ledger:
+        take = min(int(entry["steps"]), left)
+        if take > 0:
+            prefix.append({**entry, "steps": take})
+            left -= take
+    delta = _number(record.get("delta"), f"{what}: delta")
+    accountant = record.get("accountant")
+    history = ledger_history(prefix)
+    sampling = _ledger_sampling(record, ledger, what)
+    try:
+        if not history:
+            return 0.0
+        if sampling is None:
+            return compose_epsilon(history, delta, accountant)
+        from dpbench.privacy.accountant import epsilon as poisson_epsilon
+        from dpbench.privacy.samplers import resolve_sampling, sampling_epsilon
+
+        resolve_sampling(sampling.sampler, sampling.neighbouring, accountant)
+        return sampling_epsilon(sampling, accountant, history, delta, poisson_epsilon)
+    except Exception as err:  # noqa: BLE001 - an unknown accountant or an unaccountable ledger
+        raise LedgerMismatch(f"{what}: its ledger cannot be accounted ({err})") from None

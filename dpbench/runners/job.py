@@ -95,9 +95,14 @@ def _callbacks(cfg: DictConfig, run_dir: Path, sweep_name: str | None) -> list:
     return callbacks
 
 
+#: the program that writes each ``kind`` of record (a training record has none)
+RECORD_KINDS = {"audit": "dpbench-audit", "mia": "dpbench-mia"}
+
+
 def check_folder_kind(run_dir: Path) -> None:
-    """Raise ConfigError if ``run_dir`` holds a ``dpbench-audit`` run (a training run never
-    replaces an audit's record)."""
+    """Raise ConfigError if ``run_dir`` holds a record of another kind than a training run's
+    (``kind`` set: an audit's, a membership-inference run's, or one unknown): a run folder
+    holds one kind of record, and a training run never replaces another's."""
     from dpbench.utils.safe_json import UnsafeFile, read_json
 
     results = run_dir / RESULTS_NAME
@@ -107,9 +112,13 @@ def check_folder_kind(run_dir: Path) -> None:
         record = read_json(results)
     except (UnsafeFile, OSError):
         return  # an unreadable record is the run's own to replace (as before)
-    if isinstance(record, dict) and record.get("kind") == "audit":
-        raise ConfigError(f"hydra.run.dir={run_dir} holds a dpbench-audit run; choose another "
-                          "folder")
+    kind = record.get("kind") if isinstance(record, dict) else None
+    if kind is not None and kind != "training":
+        program = RECORD_KINDS.get(kind) if isinstance(kind, str) else None
+        raise ConfigError(f"hydra.run.dir={run_dir} holds a "
+                          f"{program + ' run' if program else f'record of kind {kind!r}'} "
+                          f"({RESULTS_NAME}); a training run writes only into an empty folder "
+                          "or a training run's: choose another folder")
 
 
 def check_folder(run_dir: Path, hydra_overrides: list[str],

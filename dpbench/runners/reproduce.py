@@ -18,8 +18,10 @@ Writes ``OUT/reproduce/<scale>/<paper>/<sweep>/...`` with ``tables.md`` beside, 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -40,9 +42,11 @@ from dpbench.analysis.claims import (
 from dpbench.analysis.results import load_frame, load_records
 from dpbench.analysis.tables import cell_table, markdown_table
 from dpbench.logging.records import COMPLETED, FAILED
+from dpbench.runners.stopping import PREEMPTED_EXIT_CODE, Stopped, run_child, stop_on_signals
 from dpbench.tune.choices import CHOICES_NAME
-from dpbench.utils.io import open_append
+from dpbench.utils.io import atomic_write_text, open_append
 from dpbench.utils.progress import Progress, minutes
+from dpbench.utils.safe_json import UnsafeFile, read_json
 
 log = logging.getLogger("dpbench.reproduce")
 SPEC_DIR = Path(__file__).resolve().parents[2] / "conf" / "reproduce"
@@ -51,6 +55,54 @@ PAPERS = ("bounded_adaclip", "fiber", "dp_ivon", "spectral", "dp_adaln", "sample
 PROGRAMS = {"dpbench": "dpbench", "mia": "dpbench.audit.mia"}
 _QUIET = ["logger=none", "trainer.progress=false"]
 WALL_TIME_NAME = "wall_time.json"
+#: most seeds one sweep may run (``--seeds``, ``--claim-seeds``), and most jobs at a time
+MAX_SEEDS = 1000
+MAX_JOBS = 256
+#: the keys a spec and each of its sweeps must have, and the optional ones (a key close to
+#: one of these but not one is a typo: refused, naming it)
+SPEC_KEYS = ({"paper", "short", "scales", "sweeps"}, {"seeds", "metrics", "claims", "plots"})
+SWEEP_KEYS = ({"name", "overrides"}, {"tune", "tuned", "program", "metrics"})
+
+
+class SpecError(ValueError):
+    """A reproduction spec (``conf/reproduce/<paper>.yaml``) with a missing or mistyped key."""
+
+
+class BadWallTime(ValueError):
+    """A ``wall_time.json`` that is not a file dpbench-reproduce wrote."""
+
+
+def _check_keys(where: str, node: Any, keys: tuple[set[str], set[str]]) -> None:
+    """Raise SpecError naming the first missing required key of ``node`` (a dict), or a key
+    that looks like a typo of a known one (``overides``)."""
+    if not isinstance(node, dict):
+        raise SpecError(f"{where} must be a mapping, got {type(node).__name__}")
+    required, optional = keys
+    known = required | optional
+    for key in node:
+        close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.75)
+        if key not in known and close:
+            raise SpecError(f"{where}: unknown key {key!r} (did you mean {close[0]!r}?)")
+    for key in sorted(required):
+        if key not in node:
+            raise SpecError(f"{where}: the key {key!r} is missing")
+
+
+def check_spec(paper: str, spec: Any) -> None:
+    """Raise SpecError (one line naming the file and the key) for a spec whose keys or
+    types are not what ``sweep_commands`` reads."""
+    where = f"conf/reproduce/{paper}.yaml"
+    _check_keys(where, spec, SPEC_KEYS)
+    if not isinstance(spec["sweeps"], list) or not spec["sweeps"]:
+        raise SpecError(f"{where}: sweeps must be a non-empty list")
+    if not isinstance(spec["scales"], dict):
+        raise SpecError(f"{where}: scales must be a mapping of scale -> preset")
+    for i, sweep in enumerate(spec["sweeps"]):
+        name = sweep.get("name", i) if isinstance(sweep, dict) else i
+        _check_keys(f"{where}: sweeps[{name!r}]", sweep, SWEEP_KEYS)
+        overrides = sweep["overrides"]
+        if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+            raise SpecError(f"{where}: sweeps[{name!r}].overrides must be a list of strings")
 
 
 def load_spec(paper: str) -> dict[str, Any]:
@@ -59,7 +111,12 @@ def load_spec(paper: str) -> dict[str, Any]:
     if paper not in PAPERS:
         raise SystemExit(f"dpbench-reproduce: unknown paper {paper!r} (known: "
                          f"{', '.join(PAPERS)}, all)")
-    spec = yaml.safe_load((SPEC_DIR / f"{paper}.yaml").read_text())
+    try:
+        spec = yaml.safe_load((SPEC_DIR / f"{paper}.yaml").read_text())
+    except yaml.YAMLError as err:
+        raise SpecError(f"conf/reproduce/{paper}.yaml is not YAML "
+                        f"({' '.join(str(err).split())})") from None
+    check_spec(paper, spec)
     for sweep in spec["sweeps"]:
         program = sweep.get("program", "dpbench")
         if program not in PROGRAMS or (program != "dpbench" and sweep.get("tune")):
@@ -132,6 +189,9 @@ def _seed_list(text: str) -> str:
     if not items or not all(item.isdigit() for item in items) or len(set(items)) != len(items):
         raise argparse.ArgumentTypeError(f"expected distinct integer seeds >= 0 separated by "
                                          f"commas, e.g. 0,1,2 (got {text!r})")
+    if len(items) > MAX_SEEDS:
+        raise argparse.ArgumentTypeError(f"{len(items)} seeds, more than the {MAX_SEEDS} "
+                                         "allowed")
     return ",".join(items)
 
 
@@ -139,8 +199,9 @@ def _claim_seeds(text: str) -> dict[str, int]:
     out = {}
     for item in text.split(","):
         name, sep, value = item.partition("=")
-        if not sep or not value.isdigit() or int(value) < 2:
-            raise argparse.ArgumentTypeError(f"expected CLAIM_ID=N (N >= 2), got {item!r}")
+        if not sep or not value.isdigit() or not 2 <= int(value) <= MAX_SEEDS:
+            raise argparse.ArgumentTypeError(f"expected CLAIM_ID=N (2 <= N <= {MAX_SEEDS}), "
+                                             f"got {item!r}")
         out[name.strip()] = int(value)
     return out
 
@@ -176,8 +237,9 @@ def run_jobs(jobs: list[dict], dry_run: bool, progress: Progress | None = None,
             if not dry_run:
                 # a planted link in place of the log is refused, never followed
                 with open_append(job["folder"].with_suffix(".log"), truncate=True) as logfile:
-                    subprocess.run(job["cmd"], stdout=logfile, stderr=subprocess.STDOUT,
-                                   check=False, env={**os.environ, "WANDB_MODE": "disabled"})
+                    # its own process group: stopped with this command (``run_child``)
+                    run_child(job["cmd"], stdout=logfile, stderr=subprocess.STDOUT,
+                              env={**os.environ, "WANDB_MODE": "disabled"})
         if progress is not None and not dry_run:
             runs = job_runs(job)
             failed = len(load_records(job["folder"], status=FAILED))
@@ -244,13 +306,37 @@ def seeds_hint(rows: list[dict[str, Any]]) -> str:
             + "\n".join(lines) + "\n```\n")
 
 
+def read_wall_time(path: Path) -> dict[str, Any]:
+    """Return the ``wall_time.json`` at ``path``, read bounded (a FIFO or a device is refused,
+    never waited on) and checked: ``seconds`` a finite number >= 0, ``jobs`` an integer >= 1,
+    ``finished`` a string; BadWallTime (one line naming the file and the key) otherwise."""
+    try:
+        data = read_json(path, max_bytes=4096)
+    except (UnsafeFile, OSError) as err:
+        raise BadWallTime(f"{path}: {err}; move it away (a run rewrites it)") from None
+    if not isinstance(data, dict):
+        raise BadWallTime(f"{path} is not a JSON object; move it away (a run rewrites it)")
+    seconds, jobs = data.get("seconds"), data.get("jobs", 1)
+    if (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+            or not math.isfinite(seconds) or seconds < 0):
+        raise BadWallTime(f"{path}: seconds={seconds!r} is not a finite number >= 0; move it "
+                          "away (a run rewrites it)")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
+        raise BadWallTime(f"{path}: jobs={jobs!r} is not an integer in [1, {MAX_JOBS}]; move "
+                          "it away (a run rewrites it)")
+    if not isinstance(data.get("finished", ""), str):
+        raise BadWallTime(f"{path}: finished={data['finished']!r} is not a time; move it away "
+                          "(a run rewrites it)")
+    return {"seconds": float(seconds), "jobs": jobs, "finished": data.get("finished", "?")}
+
+
 def recorded_wall_times(root: Path) -> dict[str, dict[str, Any]]:
     """Return each paper's last recorded wall time (``wall_time.json`` beside its runs)."""
     out = {}
     for paper in PAPERS:
         path = root / paper / WALL_TIME_NAME
-        if path.exists():
-            out[paper] = json.loads(path.read_text())
+        if path.exists() or path.is_symlink():
+            out[paper] = read_wall_time(path)
     return out
 
 
@@ -275,8 +361,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.papers = list(PAPERS) if args.papers == ["all"] else args.papers
     if args.jobs is None:
         args.jobs = default_jobs(args.scale)
-    if args.jobs < 1:
-        p.error("--jobs must be at least 1")
+    if not 1 <= args.jobs <= MAX_JOBS:
+        p.error(f"--jobs must be between 1 and {MAX_JOBS}, got {args.jobs}")
     return args
 
 
@@ -301,11 +387,29 @@ def wall_time_markdown(timings: dict[str, dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Console script ``dpbench-reproduce``: on Ctrl-C or SIGTERM it stops its sweeps (their
+    runs checkpoint), prints one line and exits 3, like a preempted ``dpbench``."""
+    try:
+        with stop_on_signals():
+            return _main(argv)
+    except Stopped as stop:
+        print(f"dpbench-reproduce: preempted by {stop.name}; the sweeps it started were "
+              "stopped (their runs checkpoint): run the same command again to continue "
+              "(finished runs are skipped)", file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT_CODE
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[dpbench-reproduce] %(message)s")
     try:
         specs = {paper: load_spec(paper) for paper in args.papers}
-    except ClaimSpecError as err:  # before any run: one line naming the claim and the key
+        # every paper's spec and wall time feed claims.md: a bad one is refused before any run
+        for paper in PAPERS:
+            load_spec(paper)
+        if not args.dry_run:
+            recorded_wall_times(args.out / "reproduce" / args.scale)
+    except (ClaimSpecError, SpecError, BadWallTime) as err:  # one line naming file and key
         print(f"dpbench-reproduce: error: {err}", file=sys.stderr)
         return 2
     timings = {}
@@ -323,11 +427,11 @@ def main(argv: list[str] | None = None) -> int:
             run_jobs(jobs[paper], dry_run=False, progress=progress, label=f"{paper}/")
             timings[paper] = time.perf_counter() - start
             # kept beside the runs, so a later --claims-only rebuild still shows it
-            (out / WALL_TIME_NAME).write_text(json.dumps(
+            atomic_write_text(out / WALL_TIME_NAME, json.dumps(
                 {"seconds": timings[paper], "jobs": args.jobs,
                  "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}))
         if out.exists():
-            (out / "tables.md").write_text(paper_tables(spec, out))
+            atomic_write_text(out / "tables.md", paper_tables(spec, out))
             paper_plots(spec, out)
         print(f"dpbench-reproduce: {paper_summary(paper, spec, out, timings.get(paper))}",
               flush=True)
@@ -344,8 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     text = (f"# Claims of the reproduction specs, dpbench at {args.scale} scale\n\n"
             + claims_markdown(rows, [f.name for f in figures]) + seeds_hint(rows)
             + wall_time_markdown(recorded_wall_times(root)))
-    (claims_dir / "claims.md").write_text(text)
-    (claims_dir / "claims.json").write_text(json.dumps(rows, indent=1, default=str))
+    atomic_write_text(claims_dir / "claims.md", text)
+    atomic_write_text(claims_dir / "claims.json", json.dumps(rows, indent=1, default=str))
     print(text)
     for paper, seconds in timings.items():
         print(f"{paper}: {seconds / 60:.1f} min")

@@ -34,6 +34,7 @@ from dpbench.errors import ConfigError, DPBenchError
 from dpbench.spec import build_spec
 from dpbench.tune.choices import (
     CHOICES_NAME,
+    MAX_TRIALS,
     MODES,
     cfg_cell_key,
     choice_mode,
@@ -50,7 +51,7 @@ from dpbench.tune.search import (
     expand_cells,
     search_cell,
 )
-from dpbench.utils.io import make_dirs, remove_created
+from dpbench.utils.io import atomic_write_text, make_dirs, remove_created
 
 log = logging.getLogger("dpbench.tune")
 _QUIET = ["logger=none", "trainer.progress=false", "trainer.checkpoint=false"]
@@ -103,18 +104,28 @@ class TuneJob:
     research: bool = False
 
 
+#: most seeds a tuned sweep trains each choice on, and most jobs at a time
+MAX_SEEDS, MAX_JOBS = 1000, 256
+
+
 def check_job(job: TuneJob) -> None:
     """Raise ConfigError naming the option if ``job`` cannot run (before any work)."""
     if not job.seeds:
         raise ConfigError("--seeds needs at least one seed")
+    if len(job.seeds) > MAX_SEEDS:
+        raise ConfigError(f"--seeds: {len(job.seeds)} seeds, more than the {MAX_SEEDS} allowed")
+    if len(job.settings.lrs) > MAX_TRIALS:
+        raise ConfigError(f"--lrs: {len(job.settings.lrs)} learning rates, more than the "
+                          f"{MAX_TRIALS} a choices file holds")
     if any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63
            for s in job.seeds):
         raise ConfigError(f"--seeds must be integers >= 0 and < 2**63 (got {job.seeds})")
     master = job.settings.master_seed
     if isinstance(master, bool) or not isinstance(master, int) or master < 0:
         raise ConfigError(f"--master-seed must be an integer >= 0 (got {master})")
-    if isinstance(job.jobs, bool) or not isinstance(job.jobs, int) or job.jobs < 1:
-        raise ConfigError("--jobs must be at least 1")
+    if (isinstance(job.jobs, bool) or not isinstance(job.jobs, int)
+            or not 1 <= job.jobs <= MAX_JOBS):
+        raise ConfigError(f"--jobs must be an integer in [1, {MAX_JOBS}] (got {job.jobs!r})")
     check_settings(job.settings)
 
 
@@ -358,7 +369,7 @@ def report(out: Path, metric: str, baseline: str | None) -> str:
         text += (f"\n## Against {baseline} (paired by seed, 95 % CI)\n\n"
                  + markdown_table(baseline_table(frame, metric, baseline)
                                   .drop(columns=["ci_low", "ci_high"], errors="ignore")) + "\n")
-    (out / "report.md").write_text(text)
+    atomic_write_text(out / "report.md", text)  # a planted link is replaced, not followed
     return text
 
 
@@ -390,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     job = job_of(args)
     logging.basicConfig(level=logging.INFO, format="[dpbench-tune] %(message)s")
     try:
+        from dpbench.utils.mac import freeze_key
+
+        freeze_key(create=True)  # the user's MAC key, read once, before any trial
         cells = check_cells(job)  # every cell and stored choice, before anything is created
     except DPBenchError as err:
         return _fail(str(err))

@@ -1,13 +1,18 @@
-"""Atomic file writes: write to a temporary file in the same folder, fsync, then rename.
+"""The one writer of every file a dpbench command writes: to a temporary file in the same
+folder, fsync, then rename.
 
-Files in a run folder may have been planted by someone with write access to it: a write never
-follows a symbolic link (``atomic_write_bytes`` replaces the link itself; ``open_append``
-refuses one), so it cannot reach a file outside the folder.
+Files in a run folder or an ``--out`` folder may have been planted by someone with write access
+to it: a write never follows a symbolic link and never opens a FIFO (``atomic_write_bytes``
+renames over whatever is at the path, link or FIFO, so the link's target is untouched and
+nothing blocks; ``open_append`` refuses either), so it cannot reach a file outside the folder.
+Text, JSON and figures go through it too (``atomic_write_text``, ``atomic_write_json``,
+``save_figure``).
 """
 
 from __future__ import annotations
 
 import errno
+import io
 import json
 import math
 import os
@@ -32,6 +37,20 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` as ``atomic_write_bytes`` does."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def save_figure(fig: Any, path: str | os.PathLike, **savefig: Any) -> None:
+    """Write the matplotlib figure ``fig`` to ``path`` (format from its suffix) through
+    ``atomic_write_bytes``: matplotlib's own ``savefig(path)`` opens the path and follows a
+    planted link."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=Path(path).suffix.lstrip(".") or "png", **savefig)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def open_append(path: str | os.PathLike, truncate: bool = False) -> TextIO:

@@ -9,7 +9,10 @@ outside every shared folder:
 - ``$XDG_CONFIG_HOME/dpbench/mac.key`` (``~/.config/dpbench/mac.key``), created on first use
   with 32 random bytes and permissions 0600.
 
-A key file that others may read or write is refused. ``trainer.resume=true`` resumes only a
+A key file that others may read or write is refused. The key is the user's, never a run's: a
+console script calls ``freeze_key`` at start-up, before Hydra composes, and from then on the
+key read there is used whatever a job's environment says later (and the command-line guard
+refuses any ``hydra.job.env_set`` of these variables). ``trainer.resume=true`` resumes only a
 file whose MAC verifies with this key (docs/reliability-bad-input.md, "Trust model").
 
 A file and its sidecar are two renames, so a kill between them must not leave a pair that
@@ -46,20 +49,46 @@ class Unauthenticated(ConfigError):
     """A file to resume has no MAC, or one that does not verify with this user's key."""
 
 
+#: the key read at start-up (``freeze_key``): its bytes, or the ConfigError reading it gave
+_FROZEN: bytes | ConfigError | None = None
+
+
 def default_key_path() -> Path:
     """Return ``$XDG_CONFIG_HOME/dpbench/mac.key`` (``~/.config`` when unset)."""
     base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
     return Path(base) / "dpbench" / "mac.key"
 
 
+def freeze_key(create: bool = True) -> bytes:
+    """Read this user's MAC key once, now (a console script's start, before Hydra composes
+    or a job's ``env_set`` runs), and use it for the rest of the process; ConfigError (one
+    line naming the variable and the cause) when there is no usable key."""
+    global _FROZEN
+    try:
+        _FROZEN = _read_key(create)
+    except ConfigError as err:
+        _FROZEN = err
+        raise
+    return _FROZEN
+
+
 def _read_key_file(path: Path, create: bool) -> bytes:
     """Return the key in ``path``, creating it (0600, 32 random bytes) if allowed and absent."""
     if create and not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as err:
+            raise ConfigError(f"XDG_CONFIG_HOME: cannot create the folder of the MAC key "
+                              f"{path.parent} ({err.strerror or err}); set XDG_CONFIG_HOME to a "
+                              f"folder you can write, or {KEY_ENV} / {KEY_FILE_ENV}") from None
         # written whole under a temporary name, then linked: a concurrent reader never sees
         # an empty key, and of two processes creating it one wins (the other reads it)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except OSError as err:
+            raise ConfigError(f"XDG_CONFIG_HOME: cannot create the MAC key {path} "
+                              f"({err.strerror or err})") from None
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32) + "\n")
@@ -72,7 +101,8 @@ def _read_key_file(path: Path, create: bool) -> bytes:
         finally:
             tmp.unlink(missing_ok=True)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        # never blocks: a FIFO in place of the key is refused below, not waited on
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as err:
         raise ConfigError(f"{KEY_FILE_ENV}: cannot read the MAC key {path} "
                           f"({err.strerror or err})") from None
@@ -91,11 +121,21 @@ def _read_key_file(path: Path, create: bool) -> bytes:
 
 def mac_key(create: bool = True) -> bytes:
     """Return this user's MAC key (``DPBENCH_MAC_KEY``, ``DPBENCH_MAC_KEY_FILE`` or the
-    default file, created on first use when ``create``); ConfigError naming the variable."""
+    default file, created on first use when ``create``); ConfigError naming the variable.
+    After ``freeze_key`` the key read then (or its error), whatever the environment says."""
+    if isinstance(_FROZEN, ConfigError):
+        raise _FROZEN
+    if _FROZEN is not None:
+        return _FROZEN
+    return _read_key(create)
+
+
+def _read_key(create: bool) -> bytes:
     value = os.environ.get(KEY_ENV)
     if value:
         if len(value) < 16:
-            raise ConfigError(f"{KEY_ENV} is shorter than 16 characters")
+            raise ConfigError(f"{KEY_ENV} is {len(value)} characters long, shorter than the "
+                              "16 a MAC key needs (or unset it to use the key file)")
         return value.encode()
     named = os.environ.get(KEY_FILE_ENV)
     return _read_key_file(Path(named).expanduser(), create=False) if named else (

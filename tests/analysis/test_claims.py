@@ -26,6 +26,7 @@ from dpbench.analysis.claims import (
 )
 from dpbench.analysis.stats import sd_upper_bound, seeds_for_power
 from dpbench.runners.reproduce import PAPERS, load_spec, paper_claims
+from tests.helpers.report_records import with_ledger
 
 
 def _spread(mean: float, half_width: float, n: int) -> list[float]:
@@ -41,7 +42,7 @@ def _write(root, sweep, records):
     for i, record in enumerate(records):
         folder = root / sweep / f"{i}_{record['method_name']}_s{record['seed']}"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "results.json").write_text(json.dumps(record))
+        (folder / "results.json").write_text(json.dumps(with_ledger(record)))
 
 
 def _record(method, seed, metrics, **extra):
@@ -404,7 +405,8 @@ def test_membership_inference_sweeps_run_dpbench_mia_and_refuse_an_unknown_progr
     assert all("trainer.resume=true" in job["cmd"] for job in jobs)
     assert reproduce.job_runs(jobs[0]) == 4 * 2 * 5  # methods x epsilons x seeds
     bad = tmp_path / "bad.yaml"
-    bad.write_text("paper: x\nsweeps:\n  - {name: s, program: audit, overrides: []}\n")
+    bad.write_text("paper: x\nshort: x\nscales: {}\n"
+                   "sweeps:\n  - {name: s, program: audit, overrides: []}\n")
     monkeypatch.setattr(reproduce, "SPEC_DIR", tmp_path)
     monkeypatch.setattr(reproduce, "PAPERS", (*reproduce.PAPERS, "bad"))
     with pytest.raises(SystemExit, match="sweep 's': program 'audit'"):

@@ -12,6 +12,7 @@ from scipy import stats
 
 from dpbench.analysis.claims import adjust, claims_markdown, evaluate_claim
 from dpbench.runners.reproduce import paper_claims
+from tests.helpers.report_records import with_ledger
 
 
 def _spread(mean: float, half_width: float, n: int) -> list[float]:
@@ -123,7 +124,7 @@ def test_a_steps_saving_on_three_seeds_is_not_decided_by_a_t_test(tmp_path):
     for i, r in enumerate(runs):
         folder = tmp_path / "sst2" / f"{i}"
         folder.mkdir(parents=True)
-        (folder / "results.json").write_text(json.dumps(r))
+        (folder / "results.json").write_text(json.dumps(with_ledger(r)))
     from dpbench.runners.reproduce import load_spec
 
     spec = load_spec("spectral")
@@ -144,7 +145,7 @@ def test_a_method_that_fails_on_two_of_five_seeds_is_not_reproduced(tmp_path):
     for i, r in enumerate(runs):
         folder = tmp_path / "grid" / f"{i}"
         folder.mkdir(parents=True)
-        (folder / "results.json").write_text(json.dumps(r))
+        (folder / "results.json").write_text(json.dumps(with_ledger(r)))
     spec = {"short": "P", "claims": [_claim(paper_effect=0.04)]}
     [row] = paper_claims("p", spec, tmp_path)
     assert row["verdict"] == "failed runs"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from dpbench.analysis.results import load_records
 from dpbench.analysis.steps_to_target import compare_to_baseline, summarise
 
@@ -27,7 +29,7 @@ def test_compare_uses_final_baseline_accuracy_and_epsilon():
     assert out["target"] == 0.72 and out["baseline_steps"] == 10 and out["steps"] == 6
     assert out["baseline_peak"] == 0.72 and out["method_peak"] == 0.74
     assert math.isclose(out["speedup_pct"], 40.0)
-    assert math.isclose(out["epsilon_saved"], 1.0 - 0.6)
+    assert math.isnan(out["epsilon_saved"])  # no ledger: re-derived, never read
     never = compare_to_baseline(base, _record("spectral_denoise", 0, [0.5, 0.6, 0.71]))
     assert not never["reached"] and math.isnan(never["speedup_pct"])
 
@@ -56,3 +58,50 @@ def test_summarise_reads_completed_runs_only(tmp_path):
         (tmp_path / name / "results.json").write_text(json.dumps(r))
     rows = summarise(load_records(tmp_path))
     assert len(rows) == 1 and rows[0]["seeds"] == 1
+
+
+def test_a_run_without_a_ledger_has_no_epsilon_saved():
+    """Its history epsilons are not read: nothing derives them."""
+    out = compare_to_baseline(_record("dplora", 0, [0.5, 0.6, 0.7]),
+                              _record("spectral_denoise", 0, [0.55, 0.73, 0.74]))
+    assert out["reached"] and math.isnan(out["epsilon_saved"])
+
+
+@pytest.fixture(scope="module")
+def evaluated_run(tmp_path_factory):
+    """A real 2-epoch dpsgd run evaluated every 4 steps: its record, ledger included."""
+    from dpbench.cli import hydra_main
+    from tests.helpers.cli import run_cli
+
+    run_dir = tmp_path_factory.mktemp("steps") / "run"
+    mp = pytest.MonkeyPatch()
+    try:
+        code = run_cli(hydra_main, ["dataset=digits", "model=logreg", "method=dpsgd",
+                                    "privacy=eps3", "trainer.epochs=2", "trainer.batch_size=128",
+                                    "trainer.eval_every_steps=4", f"hydra.run.dir={run_dir}"], mp)
+    finally:
+        mp.undo()
+    assert code == 0
+    return json.loads((run_dir / "results.json").read_text())
+
+
+@pytest.mark.integration
+def test_edited_history_epsilons_never_reach_the_table(evaluated_run):
+    """Before, the epsilon saved was read from ``step_history``: editing it moved the figure
+    (1.22 to 2.99 in the re-test). Now it is re-derived from the ledger."""
+    from dpbench.analysis.steps_to_target import curve, epsilon_at
+
+    record = evaluated_run
+    assert len(record["step_history"]) >= 3
+    last = curve(record)[-1]["step"]  # the baseline's final evaluation
+    assert math.isclose(epsilon_at(record, record["steps"]), record["epsilon"], rel_tol=1e-6)
+    for row in curve(record):  # what the run wrote is what the ledger gives
+        assert math.isclose(epsilon_at(record, row["step"]), row["epsilon"], rel_tol=1e-6)
+    true = compare_to_baseline(record, record)
+    edited = json.loads(json.dumps(record))
+    for row in edited["step_history"] + edited["history"]:
+        row["epsilon"] = 0.01 if row["step"] < last else 99.0
+    forged = compare_to_baseline(edited, edited)
+    assert forged["epsilon_saved"] == true["epsilon_saved"]
+    assert forged["baseline_epsilon"] == true["baseline_epsilon"]
+    assert math.isclose(true["baseline_epsilon"], epsilon_at(record, last))

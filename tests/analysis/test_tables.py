@@ -6,16 +6,17 @@ import json
 
 from dpbench.analysis.results import load_frame
 from dpbench.analysis.tables import baseline_table, cell_table, latex_table
+from tests.helpers.report_records import with_ledger
 
 
 def _write(root, name, method, seed, acc, eps=3.0, status="completed"):
     run = root / name
     run.mkdir(parents=True)
-    (run / "results.json").write_text(json.dumps({
+    (run / "results.json").write_text(json.dumps(with_ledger({
         "method": method, "method_name": method, "dataset": "digits", "model": "mlp",
         "seed": seed, "target_epsilon": eps, "epsilon": eps, "status": status,
         "metrics": {"accuracy": acc}, "tuning": {"mode": "unaccounted",
-                                                  "chosen": {"method.optimizer.lr": 0.1}}}))
+                                                  "chosen": {"method.optimizer.lr": 0.1}}})))
 
 
 def test_tables_report_intervals_verdicts_and_survive_bad_files(tmp_path):

@@ -198,9 +198,22 @@ def hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """Console script ``dpbench-mia`` (and ``python -m dpbench.audit.mia``)."""
+    """Console script ``dpbench-mia`` (and ``python -m dpbench.audit.mia``). Ctrl-C or a
+    scheduler's signal stops it in one line with ``dpbench``'s preemption code (3): its
+    record is written only once every model is trained, so a rerun starts the cell afresh."""
+    import sys
+
+    from dpbench.runners.stopping import PREEMPTED_EXIT_CODE, Stopped, stop_on_signals
+
     check_command_line("mia", "dpbench-mia", __name__)
-    hydra_main()
+    try:
+        with stop_on_signals():
+            hydra_main()
+    except Stopped as stop:
+        print(f"dpbench-mia: preempted by {stop.name} before its record was written; run "
+              "the same command again (with trainer.resume=true a sweep skips finished "
+              "cells)", file=sys.stderr, flush=True)
+        sys.exit(PREEMPTED_EXIT_CODE)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@ AUTO = "auto"
 LIRA_VARIANCES = ("auto", "global", "per_example")
 #: ``lira_variance=auto`` fits per-example widths from this many references per target
 PER_EXAMPLE_FROM = 16
+#: the range of each count (an upper bound too: a billion models or bootstrap draws would run
+#: until killed)
+COUNT_BOUNDS = {"pool_size": (8, 10_000_000), "population_size": (1, 10_000_000),
+                "targets": (1, 1000), "references": (1, 1000), "bootstrap": (1, 100_000)}
 
 
 @dataclass
@@ -42,11 +46,12 @@ class MIASettings:
     break_noise_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        for key, low in (("pool_size", 8), ("population_size", 1), ("targets", 1),
-                         ("references", 1), ("bootstrap", 1)):
+        for key, (low, high) in COUNT_BOUNDS.items():
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"mia.{key} must be an integer >= {low} (got {value!r})")
+            if (isinstance(value, bool) or not isinstance(value, int)
+                    or not low <= value <= high):
+                raise ConfigError(f"mia.{key} must be an integer in [{low}, {high}] "
+                                  f"(got {value!r})")
         unknown = [a for a in self.attacks if a not in ATTACKS]
         if unknown or not self.attacks:
             raise ConfigError(f"mia.attacks must name some of {', '.join(ATTACKS)} "
