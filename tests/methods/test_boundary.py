@@ -24,7 +24,7 @@ from dpbench.methods.base import Update
 from dpbench.methods.hooks import UPDATE_HOOKS
 from dpbench.spec import build_spec
 from dpbench.tasks.base import Task
-from dpbench.training.loop import Trainer
+from dpbench.training.loop import Callback, Trainer
 from dpbench.training.step import clipped_aggregate, private_release
 from tests.helpers.config import compose_config
 from tests.helpers.method_matrix import method_overrides
@@ -141,6 +141,36 @@ def test_an_update_reaches_neither_its_mechanism_nor_the_noise_nor_the_data(name
     reached = [k for k, v in _forbidden(trainer).items() if id(v) in found]
     assert reached == [], f"{name}: the update reaches {reached}"
     assert not any(isinstance(o, (TaskData, Task)) for o in found.values())
+
+
+class _Subscriber(Callback):
+    """Keeps everything the loop hands its callbacks."""
+
+    def __init__(self) -> None:
+        self.handed: list[tuple] = []
+
+    def __getattribute__(self, name):
+        if name.startswith("on_"):
+            return lambda *args: object.__getattribute__(self, "handed").append((name, args))
+        return object.__getattribute__(self, name)
+
+
+@pytest.mark.parametrize("name", ["adaclip", "dp_ivon"])
+def test_a_callback_reaches_neither_the_noise_nor_the_data_nor_a_half(name):
+    """Every event's ``LoopView`` and arguments: no path to the noise stream, the data, the
+    task, the model, the engine or either half of the method (only values and weights)."""
+    subscriber = _Subscriber()
+    cfg = compose_config(*method_overrides(name), "trainer.eval_every_steps=2")
+    trainer = build_trainer(cfg, None, [subscriber])
+    trainer.fit()
+    events = {event for event, _ in subscriber.handed}
+    assert events == {"on_run_start", "on_step_start", "on_release", "on_step_end",
+                      "on_epoch_end", "on_run_end"}
+    found = _reachable(*[args for _, args in subscriber.handed])
+    forbidden = {**_forbidden(trainer), "update": trainer.update, "model": trainer.model,
+                 "trainer": trainer}
+    reached = [k for k, v in forbidden.items() if id(v) in found]
+    assert reached == [], f"{name}: a callback reaches {reached}"
 
 
 def test_the_reachability_check_sees_a_closure_and_a_slot():
