@@ -35,7 +35,7 @@ from dpbench.data import DATASETS
 from dpbench.errors import ConfigError
 from dpbench.methods import get_method
 from dpbench.models import MODELS
-from dpbench.privacy.samplers import resolve_sampling
+from dpbench.privacy.samplers import resolve_sampling, with_settled_accountant
 from dpbench.tune.choices import apply_tuned
 from dpbench.utils.conf import without_added_defaults
 from dpbench.utils.paths import check_path_values
@@ -88,6 +88,7 @@ def fingerprint(cfg: DictConfig) -> str:
     data["trainer"] = {k: v for k, v in data.get("trainer", {}).items()
                        if k not in _NOT_FINGERPRINTED_TRAINER}
     data = without_added_defaults(data)  # settings added later, at the value runs had before
+    data = with_settled_accountant(data)  # privacy.accountant=null: the one a run chooses
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -10,6 +10,9 @@ from scipy import stats
 from sklearn.metrics import roc_auc_score, roc_curve
 
 from dpbench.audit.mia.attacks import (
+    RMIA_A_GRID,
+    augmented,
+    choose_rmia_a,
     gaussian_fit,
     lira_offline,
     lira_online,
@@ -63,6 +66,13 @@ def test_gaussian_fit_hand_computed():
     assert sd == pytest.approx(math.sqrt(10 / 3), abs=TOL)
     with pytest.raises(ValueError):
         gaussian_fit(values[:1], mask[:1])
+    # per example: example 0 has sd sqrt(2), example 1 sd 2; a lone value takes the pooled
+    _, own = gaussian_fit(values, mask, per_example=True)
+    np.testing.assert_allclose(own, [math.sqrt(2), 2.0], rtol=1e-12)
+    _, own = gaussian_fit(values, np.array([[True, True], [True, True], [False, False]]),
+                          per_example=True)
+    assert own[1] == pytest.approx(math.sqrt(((3 - 2) ** 2 + (1 - 2) ** 2 + (5 - 6) ** 2
+                                              + (7 - 6) ** 2) / 2))
 
 
 def test_lira_online_and_offline_equal_the_gaussian_formulas():
@@ -100,12 +110,47 @@ def test_rmia_equals_the_pairwise_likelihood_ratio_count():
     in_refs = rng.random((refs, n)) < 0.5
     a, gamma = 0.3, 1.5
     got = rmia(p_x, refs_x, in_refs, p_z, refs_z, a, gamma)
+    smooth = rmia(p_x, refs_x, in_refs, p_z, refs_z, a, gamma, tie_break=True)
+    pr_z = 0.5 * ((1 + a) * refs_z.mean(0) + 1 - a)  # z trains no reference: all OUT
     for i in range(n):  # brute force: Score(x) = mean_z 1[LR(x, z) >= gamma]
         out = ~in_refs[:, i]
         pr_x = (0.5 * ((1 + a) * refs_x[out, i].mean() + 1 - a) if out.any()
                 else refs_x[:, i].mean())
-        lr = (p_x[i] / pr_x) / (p_z / refs_z.mean(0))
+        lr = (p_x[i] / pr_x) / (p_z / pr_z)
         assert got[i] == pytest.approx(np.mean(lr >= gamma), abs=TOL)
+        # tie-broken: between its exact count and the count at the next population value
+        assert got[i] - TOL <= smooth[i] <= got[i] + 1 / m + 1e-9 + TOL
+
+
+def test_rmia_tie_break_keeps_the_order_of_the_likelihood_ratio():
+    rng = np.random.default_rng(5)
+    p_x, refs_x = rng.uniform(0.01, 1, 500), rng.uniform(0.01, 1, (2, 500))
+    p_z, refs_z = rng.uniform(0.01, 1, 20), rng.uniform(0.01, 1, (2, 20))
+    in_refs = np.zeros((2, 500), bool)
+    exact = rmia(p_x, refs_x, in_refs, p_z, refs_z, 0.5)
+    smooth = rmia(p_x, refs_x, in_refs, p_z, refs_z, 0.5, tie_break=True)
+    assert len(np.unique(exact)) <= 21 < len(np.unique(smooth)) == 500  # m + 1 levels: no more
+    ratio = p_x / rmia_reference_probability(refs_x, in_refs, 0.5)
+    order = np.argsort(ratio)
+    assert np.all(np.diff(smooth[order]) > 0)  # strictly monotone in the ratio
+
+
+def test_choose_rmia_a_maximises_the_auc_on_the_references_alone():
+    rng = np.random.default_rng(6)
+    k, n, m = 4, 300, 100
+    members = rng.random((k, n)) < 0.5
+    hard = rng.uniform(0.05, 0.9, n)  # per-example difficulty, shared by all models
+    p_x = np.clip(hard + 0.08 * members + rng.normal(0, 0.02, (k, n)), 0.01, 1)
+    p_z = np.clip(rng.uniform(0.05, 0.9, m) + rng.normal(0, 0.02, (k, m)), 0.01, 1)
+    chosen = choose_rmia_a(p_x, members, p_z)
+    assert chosen in RMIA_A_GRID
+
+    def mean_auc(a):
+        return np.mean([roc_auc_score(members[j], rmia(
+            p_x[j], np.delete(p_x, j, 0), np.delete(members, j, 0), p_z[j],
+            np.delete(p_z, j, 0), a, tie_break=True)) for j in range(k)])
+
+    assert mean_auc(chosen) >= max(mean_auc(a) for a in RMIA_A_GRID) - 1e-12
 
 
 def test_rmia_reference_probability_offline_interpolation():
@@ -172,3 +217,40 @@ def test_split_draws_each_model_from_its_own_stream():
     assert len({m.tobytes() for m in masks}) == 5  # no two models share a half
     np.testing.assert_array_equal(masks, memberships(7, 5, 1000))  # reproducible
     assert len({model_seed(7, k) for k in range(5)} | {7}) == 6
+
+
+def test_epsilon_point_is_none_when_no_threshold_gives_a_positive_bound():
+    outcomes = []
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        members = rng.random(200) < 0.5
+        outcomes.append(empirical_epsilon(rng.normal(size=200), members, 1e-5, 0.95, rng))
+    nothing = [o for o in outcomes if o["threshold"] is None]
+    assert len(nothing) >= 30  # random scores: mostly no threshold worth evaluating
+    for o in nothing:
+        assert o["epsilon_lower"] == 0.0 and o["epsilon_point"] is None
+        assert o["tpr"] is None and o["fpr"] is None and o["ceiling"] > 0
+    for o in outcomes:
+        if o["threshold"] is not None:
+            assert o["epsilon_point"] is not None and o["epsilon_point"] >= 0
+
+
+def test_shift_images_translates_without_wrapping():
+    import torch
+
+    from dpbench.audit.mia.models import shift_images
+
+    x = torch.arange(9.0).reshape(1, 1, 3, 3)
+    assert shift_images(x, 0, 1)[0, 0].tolist() == [[0, 0, 1], [0, 3, 4], [0, 6, 7]]
+    assert shift_images(x, -1, 0)[0, 0].tolist() == [[3, 4, 5], [6, 7, 8], [0, 0, 0]]
+    assert torch.equal(shift_images(x, 0, 0), x)
+
+
+def test_augmented_lira_is_the_mean_of_each_augmentations_score():
+    rng = np.random.default_rng(8)
+    refs, aug, n = 6, 3, 30
+    phi_refs, phi = rng.normal(size=(refs, aug, n)), rng.normal(size=(aug, n))
+    in_refs = rng.random((refs, n)) < 0.5
+    for score in (lira_online, lira_offline):
+        want = np.mean([score(phi[a], phi_refs[:, a], in_refs) for a in range(aug)], axis=0)
+        np.testing.assert_allclose(augmented(score, phi, phi_refs, in_refs), want, rtol=1e-12)

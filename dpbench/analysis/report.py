@@ -21,7 +21,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpbench.analysis.empirical import empirical_plot, empirical_table, is_mia
+from dpbench.analysis.empirical import (
+    differing_keys,
+    drop_copies,
+    empirical_plot,
+    empirical_table,
+    is_mia,
+    largest_bound,
+    violations,
+)
 from dpbench.analysis.plots import privacy_utility
 from dpbench.analysis.results import (
     RESULTS_NAME,
@@ -79,20 +87,35 @@ def split_duplicates(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def audit_summary(frame: pd.DataFrame) -> pd.DataFrame | None:
-    """Return epsilon_claimed vs epsilon_lower per method (``dpbench-audit`` runs), or None."""
+    """Return epsilon_claimed vs epsilon_lower per method and audit setting (``dpbench-audit``
+    runs; copies of one run once), or None. A lower bound is shown as its largest value over
+    seeds with the seed and the ceiling (``empirical.largest_bound``), never averaged."""
     if "epsilon_lower" not in frame or not frame["epsilon_lower"].notna().any():
         return None
     audited = frame[frame["epsilon_lower"].notna()]
-    audited = audited.assign(audit_power=audited.get("audit_power"))  # older records lack it
-    return audited.groupby(["label", "dataset", "model"], dropna=False).agg(
-        epsilon_claimed=("epsilon_claimed", _fmt), epsilon_lower=("epsilon_lower", _fmt),
-        audit_power=("audit_power", _fmt), runs=("epsilon_lower", "size"))
+    audited, _ = drop_copies(audited.assign(eps=audited.apply(row_eps_label, axis=1)))
+    setting = (audited["measurement_setting"].fillna("{}") if "measurement_setting" in audited
+               else pd.Series("{}", index=audited.index))
+    names = dict(zip(sorted(set(setting)), differing_keys(sorted(set(setting)))))
+    rows = []
+    for (label, dataset, model, chosen), group in audited.groupby(
+            ["label", "dataset", "model", setting], dropna=False):
+        rows.append({"label": label, "dataset": dataset, "model": model,
+                     "setting": ", ".join(f"{k}={v}" for k, v in names[chosen].items()),
+                     "epsilon_claimed": _fmt(group["epsilon_claimed"]),
+                     "epsilon_lower": largest_bound(group, "epsilon_lower", "audit_ceiling"),
+                     "epsilon_lower_fdp": largest_bound(group, "epsilon_lower_fdp",
+                                                        "audit_ceiling_fdp"),
+                     "audit_power": _fmt(group.get("audit_power", pd.Series(dtype=float))),
+                     "runs": len(group), "warning": "; ".join(violations(group))})
+    return pd.DataFrame(rows).set_index(["label", "dataset", "model"])
 
 
 def sampler_gap(frame: pd.DataFrame) -> pd.DataFrame | None:
-    """Return, per non-Poisson run cell, the valid epsilon next to the Poisson figure (NOT
-    valid for those runs) and the lower bound (docs/sampling.md); None if every run is
-    Poisson."""
+    """Return, per non-Poisson run cell, under the run's relation (``neighbouring``): the
+    valid epsilon, the lower bound and the Poisson figure (NOT valid for those runs); and,
+    in its own column, the Poisson figure under add/remove, the one such runs are often
+    published with (docs/sampling.md). None if every run is Poisson."""
     if "epsilon_if_poisson" not in frame or not frame["epsilon_if_poisson"].notna().any():
         return None
     runs = frame[frame["epsilon_if_poisson"].notna()]
@@ -100,8 +123,10 @@ def sampler_gap(frame: pd.DataFrame) -> pd.DataFrame | None:
     return runs.groupby(["label", "dataset", "model", "eps", "neighbouring"],
                         dropna=False).agg(
         epsilon_valid=("epsilon", _fmt),
-        epsilon_if_poisson_NOT_VALID=("epsilon_if_poisson", _fmt),
-        epsilon_lower_bound=("epsilon_lower_bound", _fmt), runs=("epsilon", "size"))
+        epsilon_lower_bound=("epsilon_lower_bound", _fmt),
+        epsilon_if_poisson_NOT_VALID=("epsilon_if_poisson_same_relation", _fmt),
+        epsilon_if_poisson_add_remove_NOT_VALID=("epsilon_if_poisson", _fmt),
+        runs=("epsilon", "size"))
 
 
 def build_report(root: str | Path, metric: str = "accuracy",
@@ -133,9 +158,11 @@ def build_report(root: str | Path, metric: str = "accuracy",
                         if not versus.empty else f"(no {markdown_text(baseline)} runs to pair)"))
     gap = sampler_gap(readable) if not readable.empty else None
     if gap is not None:
-        markdown += ("\n\nSamplers other than Poisson: the valid epsilon, the epsilon a "
-                     "Poisson accountant would claim for the same noise (NOT valid for these "
-                     "runs) and a lower bound on any valid one (docs/sampling.md):\n\n"
+        markdown += ("\n\nSamplers other than Poisson, each row under its relation "
+                     "(neighbouring): the valid epsilon, a lower bound on any valid one and "
+                     "the epsilon a Poisson accountant would give for the same noise (NOT "
+                     "valid for these runs); the last epsilon column is the Poisson figure "
+                     "under add/remove, whatever the run's relation (docs/sampling.md):\n\n"
                      + markdown_table(gap.reset_index()))
     audit = audit_summary(audits) if not audits.empty else None
     if audit is not None:

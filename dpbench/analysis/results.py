@@ -10,6 +10,7 @@ its un-noised diagnostics were renamed (``private_diagnostics``) reads with the 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from dpbench.logging.records import (
     UNPRIVATISED_DIAGNOSTICS,
 )
 from dpbench.privacy.record_check import LedgerMismatch, check_record_epsilon
+from dpbench.privacy.samplers import RELATION_LABEL
 from dpbench.utils.mac import is_authentic
 from dpbench.utils.safe_json import UnsafeFile, parse_json, read_bytes
 
@@ -33,7 +35,8 @@ _SCALARS = ("method", "method_name", "dataset", "model", "privacy", "seed", "run
             "target_epsilon", "epsilon", "delta", "noise_multiplier", "sample_rate", "steps",
             "accountant", "status", "error", "wall_time_s", "private", "grad_sample_mode",
             "tuning_mode", "tuned_lr", "total_epsilon", "evaluation_split", "sampler",
-            "neighbouring", "epsilon_if_poisson", "epsilon_lower_bound")
+            "neighbouring", "epsilon_if_poisson", "epsilon_lower_bound",
+            "epsilon_if_poisson_same_relation")
 
 
 #: the status of a file the reader could not use (it is no status a run writes)
@@ -54,8 +57,39 @@ _OPTIONAL: dict[str, tuple[type, ...]] = {
     "seed": (int, type(None))}
 
 
+#: a measurement's numbers: (fields, lowest, highest); a record carrying one of them must give
+#: a number in range (NaN refused: never dropped silently), or None where it may be absent
+_RATES = ("mia_auc", "mia_auc_low", "mia_auc_high", "mia_tpr_at_0p1pct_fpr",
+          "mia_tpr_at_0p1pct_fpr_low", "mia_tpr_at_0p1pct_fpr_high", "mia_tpr_at_1pct_fpr",
+          "mia_tpr_at_1pct_fpr_low", "mia_tpr_at_1pct_fpr_high", "mia_balanced_accuracy")
+_BOUNDS = ("mia_epsilon_lower", "mia_epsilon_point", "mia_epsilon_ceiling", "epsilon_lower",
+           "epsilon_lower_fdp", "audit_power", "audit_ceiling", "audit_ceiling_fdp",
+           "epsilon_claimed")
+_MEASURED: dict[str, tuple[float, float]] = {**{k: (0.0, 1.0) for k in _RATES},
+                                             **{k: (0.0, math.inf) for k in _BOUNDS}}
+#: measured fields that may be None (no threshold gave a positive bound)
+_MAY_BE_NONE = frozenset({"mia_epsilon_point", "mia_epsilon_ceiling", "epsilon_lower_fdp",
+                          "audit_ceiling", "audit_ceiling_fdp"})
+
+
+def _check_measured(record: dict[str, Any]) -> None:
+    """Raise Unreadable naming the first measured field whose value is not a number in its
+    range (AUC and TPR in [0, 1], epsilon bounds >= 0; NaN never passes)."""
+    for key, (low, high) in _MEASURED.items():
+        if key not in record:
+            continue
+        value = record[key]
+        if value is None and key in _MAY_BE_NONE:
+            continue
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not low <= value <= high):
+            raise Unreadable(f"{key} is not a number in [{low:g}, {high:g}] "
+                             f"({type(value).__name__}: {str(value)[:40]!r})")
+
+
 def check_record(record: Any) -> dict[str, Any]:
-    """Return ``record`` if a table can use it; raise Unreadable saying why not."""
+    """Return ``record`` if a table can use it; raise Unreadable saying why not (a
+    measurement's numbers are checked too: ``_check_measured``)."""
     if not isinstance(record, dict):
         raise Unreadable(f"expected a JSON object, got {type(record).__name__}")
     missing = [k for k in _REQUIRED if k not in record]
@@ -69,7 +103,36 @@ def check_record(record: Any) -> dict[str, Any]:
                 isinstance(value, bool) and bool not in types)):
             raise Unreadable(f"{key} has the wrong type ({type(value).__name__}: "
                              f"{str(value)[:40]!r})")
+    _check_measured(record)
     return record
+
+
+#: config keys that change no measurement (where files go, logging, progress, resumption,
+#: device and threads) and the seeds (a cell's runs differ in them by design)
+_NOT_A_SETTING = ("seed", "mia.seed", "audit.seed", "paths", "logger", "run_name", "tuned",
+                  "trainer.progress", "trainer.resume", "trainer.device", "trainer.num_threads",
+                  "trainer.checkpoint", "trainer.eval_batch_size")
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def measurement_setting(record: dict[str, Any]) -> dict[str, str]:
+    """Return the flattened config of a record minus what changes no measurement
+    (``_NOT_A_SETTING``): every ``mia.*``, ``audit.*``, trainer, data, model, method and
+    privacy key, as text. Empty for a record without its config."""
+    config = record.get("config")
+    if not isinstance(config, dict):
+        return {}
+    flat = _flatten(config)
+    return {key: str(value) for key, value in sorted(flat.items())
+            if not any(key == n or key.startswith(n + ".") for n in _NOT_A_SETTING)}
 
 
 def derived_epsilon(record: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -184,7 +247,27 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
     evaluation = record.get("evaluation")
     if isinstance(evaluation, dict):
         row["evaluation_split"] = _text(evaluation.get("split"))
+    if record.get("kind") in ("mia", "audit"):  # measurements are grouped by their settings
+        row["measurement_setting"] = json.dumps(measurement_setting(record), sort_keys=True)
+    if record.get("kind") == "mia":
+        row["mia_exceeding"] = _exceeding_attacks(record)
     return row
+
+
+def _exceeding_attacks(record: dict[str, Any]) -> str | None:
+    """Return "<attack> <epsilon_lower>, ..." for the attacks a dpbench-mia record lists as
+    exceeding its accounted epsilon (any attack, not only the headline); None if none."""
+    block = record.get("mia")
+    if not isinstance(block, dict) or not isinstance(block.get("exceeds_accounted"), list):
+        return None
+    attacks = block.get("attacks") if isinstance(block.get("attacks"), dict) else {}
+    out = []
+    for name in block["exceeds_accounted"]:
+        found = attacks.get(name) if isinstance(name, str) else None
+        bound = found.get("epsilon") if isinstance(found, dict) else None
+        value = _number(bound.get("epsilon_lower")) if isinstance(bound, dict) else None
+        out.append(f"{str(name)[:40]} {value:.3f}" if value is not None else str(name)[:40])
+    return ", ".join(out) or None
 
 
 def load_frame(root: str | Path) -> pd.DataFrame:
@@ -228,10 +311,17 @@ def eps_label(value: Any, noise_multiplier: Any = None) -> str:
 
 
 def row_eps_label(row: Any) -> str:
-    """Return ``eps_label`` of a frame row (its noise multiplier counts for private runs)."""
+    """Return ``eps_label`` of a frame row (its noise multiplier counts for private runs),
+    with the run's neighbouring relation when it is not add/remove (``eps=3 (replace-one)``):
+    epsilons under different relations are different guarantees, never one column."""
     private = row.get("private")
     sigma = row.get("noise_multiplier") if private is True or private == 1 else None
-    return eps_label(row.get("target_epsilon"), sigma)
+    label = eps_label(row.get("target_epsilon"), sigma)
+    relation = row.get("neighbouring")
+    if (private is True or private == 1) and isinstance(relation, str) and (
+            relation != "add_remove"):
+        label += f" ({RELATION_LABEL.get(relation, relation)})"
+    return label
 
 
 def _missing(value: Any) -> bool:

@@ -87,12 +87,14 @@ def cell_intervals(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def _eps_order(columns) -> list[str]:
-    """Order columns: targets by epsilon, then fixed noise multipliers, then non-private."""
-    def key(c: str) -> tuple[int, float]:
+    """Order columns: targets by epsilon, then fixed noise multipliers, then non-private;
+    one value's relations (``eps=3``, ``eps=3 (replace-one)``) side by side."""
+    def key(c: str) -> tuple[int, float, str]:
         if c == "eps=n/a":
-            return (2, math.inf)
+            return (2, math.inf, "")
         name, _, value = c.partition("=")
-        return (0 if name == "eps" else 1, float(value))
+        number, _, relation = value.partition(" ")
+        return (0 if name == "eps" else 1, float(number), relation)
 
     return sorted(columns, key=key)
 

@@ -1,10 +1,23 @@
-"""The one-run audit's statistics (Steinke, Nasr, Jagielski 2023, arXiv 2305.08846).
+"""The one-run audit's statistics: two bounds from the same guesses.
 
 m canaries are each included independently with probability 1/2; the auditor guesses the
-inclusion of r of them (abstaining on the rest) and gets v right. Under the null hypothesis
-that the mechanism is (epsilon, delta)-DP, Theorem 5.2 bounds P[>= v correct] by the tail of
-Binomial(r, e^eps / (1 + e^eps)) plus a delta term (the paper's Algorithm 3 / Appendix D code,
-reimplemented with scipy). epsilon_lower is the largest epsilon rejected at level 1 - confidence.
+inclusion of r of them (abstaining on the rest) and gets v right.
+
+- ``epsilon_lower_bound`` (Steinke, Nasr, Jagielski 2023, arXiv 2305.08846): under the null
+  hypothesis that the mechanism is (epsilon, delta)-DP, Theorem 5.2 bounds P[>= v correct] by
+  the tail of Binomial(r, e^eps / (1 + e^eps)) plus a delta term (the paper's Algorithm 3 /
+  Appendix D code, reimplemented with scipy). epsilon_lower is the largest epsilon rejected at
+  level 1 - confidence.
+- ``epsilon_lower_bound_fdp`` (Mahloujifar, Melis, Chaudhuri 2024, arXiv 2410.22235): the
+  null is that the mechanism is f-DP for the Gaussian trade-off curve f = G_mu whose
+  (epsilon, delta) curve passes through (epsilon, delta) (the privacy curve of DP-SGD's
+  Gaussian noise); their guessing-game recursion bounds the probability of v correct guesses
+  under f directly, which is tighter than going through one (epsilon, delta) pair. The bound
+  is therefore about mechanisms with a Gaussian-shaped trade-off curve (what the accountant
+  of a Gaussian mechanism assumes), not about every (epsilon, delta)-DP mechanism.
+
+The ``*_power`` functions give each bound's ceiling: its value when every guess is right,
+the highest epsilon_lower any attack can reach with m canaries and r guesses.
 """
 
 from __future__ import annotations
@@ -14,6 +27,7 @@ import math
 
 import numpy as np
 from scipy import stats
+from scipy.special import ndtr, ndtri
 
 
 def p_value_dp_audit(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
@@ -49,6 +63,70 @@ def epsilon_lower_bound(m: int, r: int, v: int, delta: float,
         else:
             hi = mid
     return lo
+
+
+@functools.lru_cache(maxsize=256)
+def _gaussian_mu(epsilon: float, delta: float) -> float:
+    """Return mu of the Gaussian trade-off curve G_mu that is exactly (epsilon, delta)-DP
+    (``dp_accounting.get_sigma_gaussian``: the noise of a sensitivity-1 Gaussian, mu = 1/sigma;
+    Balle and Wang 2018)."""
+    import dp_accounting
+
+    sigma = dp_accounting.get_sigma_gaussian(epsilon, delta)
+    return math.inf if sigma == 0 else 1.0 / sigma
+
+
+def fdp_rejects(m: int, r: int, v: int, epsilon: float, delta: float,
+                confidence: float = 0.95) -> bool:
+    """Return whether v of r right guesses (of m canaries) reject, at ``confidence``, the null
+    that the mechanism is G_mu-DP with mu from (epsilon, delta) (``_gaussian_mu``).
+
+    Mahloujifar, Melis, Chaudhuri 2024 (the recursion of their Algorithm for reconstruction
+    games with a cap, as jax_privacy's auditor runs it): starting from r_v = tau v / m and
+    h_v = tau (r - v) / m (tau = 1 - confidence), for i = v - 1, ..., 0 set
+    h <- max(h, 1 - f(1 - r)) = max(h, Phi(Phi^-1(r) - mu)) and
+    r <- min(r + i / (r_guesses - i) (h_new - h_old), 1); the null is rejected when
+    r + h > r_guesses / m at the end (the mass the
+    recursion forces onto the guesses exceeds their share).
+    """
+    if not (0 <= v <= r <= m) or r == 0:
+        raise ValueError(f"invalid audit outcome m={m} r={r} v={v}")
+    mu = _gaussian_mu(epsilon, delta)
+    tau = 1.0 - confidence
+    right, wrong = tau * v / m, tau * (r - v) / m
+    for i in range(v - 1, -1, -1):
+        grown = max(wrong, 1.0 if math.isinf(mu) else float(ndtr(ndtri(right) - mu)))
+        if grown == wrong:  # a fixed point: neither value changes any more
+            break
+        right = min(right + i / (r - i) * (grown - wrong), 1.0)
+        wrong = grown
+    return right + wrong > r / m
+
+
+@functools.lru_cache(maxsize=4096)
+def epsilon_lower_bound_fdp(m: int, r: int, v: int, delta: float,
+                            confidence: float = 0.95, iterations: int = 40) -> float:
+    """Return the largest epsilon whose Gaussian f-DP null (``fdp_rejects``) the outcome
+    rejects at ``confidence`` (0 if none; bisection on the monotone test)."""
+    if r == 0 or not fdp_rejects(m, r, v, 1e-9, delta, confidence):
+        return 0.0
+    lo, hi = 1e-9, 1.0
+    while fdp_rejects(m, r, v, hi, delta, confidence):
+        lo, hi = hi, hi * 2
+        if hi > 1e3:
+            return math.inf
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        if fdp_rejects(m, r, v, mid, delta, confidence):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def audit_power_fdp(m: int, r: int, delta: float, confidence: float = 0.95) -> float:
+    """Return the f-DP bound's ceiling: ``epsilon_lower_bound_fdp`` with every guess right."""
+    return epsilon_lower_bound_fdp(m, r, r, delta, confidence)
 
 
 def audit_power(m: int, r: int, delta: float, confidence: float = 0.95) -> float:

@@ -13,7 +13,10 @@ is a wrapper, never a patch of a running object:
   to the loop's sensitivity check (``unclipped_sum``), a release that lies to the check; the
   check itself cannot be turned off.
 
-Either way the run's record is marked: ``DPMethod.broken_on_purpose``, written to
+Membership inference (``mia.break_noise_scale``) scales the released noise instead
+(``noise_scaled``: the mechanism's own noise shaper first, then the factor).
+
+Every break marks the run's record: ``DPMethod.broken_on_purpose``, written to
 ``results.json`` as ``broken_on_purpose``.
 """
 
@@ -55,6 +58,41 @@ def without_noise(mechanism_cls: type[Mechanism]) -> type[Mechanism]:
     return type(f"{mechanism_cls.__name__}WithoutNoise", (mechanism_cls,),
                 {"noise_shaper": noise_shaper, "__doc__": "TESTS ONLY: "
                  f"{mechanism_cls.__name__} releasing no noise (audit.break_mechanism=noise)."})
+
+
+class ScaledNoise:
+    """The noise shape of a mechanism whose released noise is scaled by ``scale`` (after the
+    wrapped mechanism's own shaper, if any)."""
+
+    def __init__(self, inner: NoiseShaper | None, scale: float) -> None:
+        self.inner, self.scale = inner, scale
+
+    def __call__(self, noise: list[torch.Tensor]) -> list[torch.Tensor]:
+        shaped = self.inner(noise) if self.inner is not None else noise
+        return [z * self.scale for z in shaped]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict() if self.inner is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any], device: Any = None) -> None:
+        if self.inner is not None:
+            self.inner.load_state_dict(state, device)
+
+
+def noise_scaled(method: DPMethod, scale: float) -> DPMethod:
+    """Return ``method``'s record whose released noise is multiplied by ``scale`` (a
+    ``Mechanism`` subclass; the loop still accounts the planned mechanism), marked."""
+    mechanism_cls = method.mechanism_cls
+
+    def noise_shaper(self: Mechanism, info: RunInfo) -> NoiseShaper:
+        return ScaledNoise(mechanism_cls.noise_shaper(self, info), scale)
+
+    scaled = type(f"{mechanism_cls.__name__}WithScaledNoise", (mechanism_cls,),
+                  {"noise_shaper": noise_shaper, "__doc__": "TESTS ONLY: "
+                   f"{mechanism_cls.__name__} releasing its noise times {scale}."})
+    return dataclasses.replace(method, mechanism_cls=scaled, broken_on_purpose=(
+        f"mia.break_noise_scale={scale}: the released noise scaled by {scale} while claiming "
+        "the planned epsilon (a test of the attack's warnings; not a private run)"))
 
 
 def broken(method: DPMethod, part: str) -> DPMethod:

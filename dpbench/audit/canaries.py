@@ -43,10 +43,12 @@ from torch import nn
 from dpbench.audit.bounds import (
     CANARY_LADDER,
     audit_power,
+    audit_power_fdp,
     auto_canaries,
     auto_guess_counts,
     auto_guesses,
     epsilon_lower_bound,
+    epsilon_lower_bound_fdp,
     reachable_power,
     unsampled_probability,
 )
@@ -257,8 +259,11 @@ class CanaryAudit(Callback):
         correct = int(self.included[guessed_in].sum()) + int((~self.included[guessed_out]).sum())
         guesses = a.guesses_included + a.guesses_excluded
         lower = epsilon_lower_bound(a.canaries, guesses, correct, delta, a.confidence)
+        lower_fdp = epsilon_lower_bound_fdp(a.canaries, guesses, correct, delta, a.confidence)
         power = reachable_power(a.canaries, a.guesses_included, a.guesses_excluded, delta,
                                 a.confidence, self.unsampled)
+        ceiling = audit_power(a.canaries, guesses, delta, a.confidence)
+        ceiling_fdp = audit_power_fdp(a.canaries, guesses, delta, a.confidence)
         audit = {"method": "one-run gradient canaries (Steinke, Nasr, Jagielski 2023)",
                  "canaries": a.canaries, "included": int(self.included.sum()),
                  "guesses": guesses, "guesses_included": a.guesses_included,
@@ -266,14 +271,22 @@ class CanaryAudit(Callback):
                  "confidence": a.confidence, "canary_norm": a.canary_norm,
                  "break_mechanism": a.break_mechanism, "epsilon_lower": lower,
                  "power": power, "epsilon_claimed": summary["epsilon"],
-                 "power_if_every_guess_right": audit_power(a.canaries, guesses, delta,
-                                                           a.confidence),
+                 "power_if_every_guess_right": ceiling, "ceiling": ceiling,
+                 "epsilon_lower_fdp": lower_fdp, "ceiling_fdp": ceiling_fdp,
+                 "fdp_method": "f-DP one-run audit, Gaussian trade-off null (Mahloujifar, "
+                               "Melis, Chaudhuri 2024)",
                  "unsampled_probability": self.unsampled}
+        audit["exceeds_claimed"] = [name for name, value in (("epsilon_lower", lower),
+                                                             ("epsilon_lower_fdp", lower_fdp))
+                                    if value > summary["epsilon"]]
         summary = dict(summary)  # the record's mark (broken.broken) last, as the audit's
         mark = summary.pop("broken_on_purpose", None)
         broken_mark = {"broken_on_purpose": mark} if mark is not None else {}
         return {**summary, "epsilon_claimed": summary["epsilon"], "epsilon_lower": lower,
-                "audit_power": power, "audit": audit, **broken_mark}
+                "epsilon_lower_fdp": lower_fdp, "audit_power": power,
+                "audit_ceiling": ceiling, "audit_ceiling_fdp": ceiling_fdp,
+                "privacy_violation": bool(audit["exceeds_claimed"]), "audit": audit,
+                **broken_mark}
 
 
 class CanaryRun:

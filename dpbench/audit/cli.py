@@ -21,11 +21,13 @@ from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.errors import ConfigError
 from dpbench.logging.records import COMPLETED, write_record
 from dpbench.logging.results import run_record
+from dpbench.privacy.samplers import RELATION_LABEL
 from dpbench.runners.job import run_locked
 from dpbench.spec import RunSpec, build_spec
 
-HEADER = ("| method | dataset | epsilon_claimed | epsilon_lower | power | correct / guesses "
-          "| canaries |")
+HEADER = ("| method | dataset | epsilon_claimed | epsilon_lower | power | ceiling "
+          "| epsilon_lower (f-DP) | ceiling (f-DP) | correct / guesses | canaries "
+          "| claimed under |")
 
 
 def audit_settings(cfg: DictConfig) -> AuditSettings:
@@ -60,7 +62,40 @@ def table_row(record: dict[str, Any]) -> str:
     return (f"| {record['method']} | {record['dataset']} | "
             f"{claimed if math.isinf(claimed) else round(claimed, 3)} | "
             f"{round(a['epsilon_lower'], 3)} | {round(a['power'], 3)} | "
-            f"{a['correct']} / {a['guesses']} | {a['canaries']} |")
+            f"{_num(a.get('ceiling'))} | {_num(a.get('epsilon_lower_fdp'))} | "
+            f"{_num(a.get('ceiling_fdp'))} | {a['correct']} / {a['guesses']} | {a['canaries']} | "
+            f"{RELATION_LABEL.get(record.get('neighbouring'), 'add/remove')} |")
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else str(round(value, 3))
+
+
+def audit_messages(record: dict[str, Any]) -> list[str]:
+    """Return the notes and warnings an audit's record calls for (stderr lines).
+
+    A note when the claim lies above a bound's ceiling (the highest epsilon_lower any
+    attack reaches at this size: no violation above it is detectable); a WARNING naming both
+    figures when a measured bound exceeds the claim.
+    """
+    a, claimed = record["audit"], record["epsilon_claimed"]
+    out = []
+    if a["power"] <= claimed:
+        out.append(f"dpbench-audit: note: the audit's power is {a['power']:.3g}: it cannot "
+                   f"detect a mechanism leaking more than that (the claim is {claimed:.3g}); "
+                   "add canaries and guesses, or a smaller privacy.delta")
+    for name, ceiling in (("epsilon_lower", a.get("ceiling")),
+                          ("epsilon_lower_fdp", a.get("ceiling_fdp"))):
+        if ceiling is not None and ceiling <= claimed:
+            out.append(f"dpbench-audit: note: {name} cannot exceed {ceiling:.3g} with "
+                       f"{a['canaries']} canaries and {a['guesses']} guesses: this measurement "
+                       f"cannot detect a violation above {ceiling:.3g} (the claim is "
+                       f"{claimed:.3g})")
+    for name in a.get("exceeds_claimed", ["epsilon_lower"] if record["epsilon_lower"] > claimed
+                      else []):
+        out.append(f"dpbench-audit: WARNING {name} = {a[name]:.4g} exceeds the claimed epsilon "
+                   f"{claimed:.4g}: the mechanism that ran is less private than accounted")
+    return out
 
 
 #: files a training run (``dpbench``) leaves in its folder; an audit never writes them
@@ -96,14 +131,8 @@ def hydra_main(cfg: DictConfig) -> None:
     record = run_locked("dpbench-audit", cfg, check_audit_folder, audit_run)
     print(HEADER)
     print(table_row(record))
-    if record["audit"]["power"] <= record["epsilon_claimed"]:
-        print(f"dpbench-audit: note: the audit's power is {record['audit']['power']:.3g}: it "
-              "cannot detect a mechanism leaking more than that (the claim is "
-              f"{record['epsilon_claimed']:.3g}); add canaries and guesses, or a smaller "
-              "privacy.delta", file=sys.stderr)
-    if record["epsilon_lower"] > record["epsilon_claimed"]:
-        print("dpbench-audit: WARNING epsilon_lower exceeds the claimed epsilon: the mechanism "
-              "that ran is less private than accounted", file=sys.stderr)
+    for line in audit_messages(record):
+        print(line, file=sys.stderr)
 
 
 def main() -> None:

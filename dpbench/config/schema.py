@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from dpbench.errors import ConfigError
-from dpbench.privacy.accountant import DEFAULT_ACCOUNTANT, check_accountant
+from dpbench.privacy.accountant import check_accountant
 from dpbench.privacy.samplers import DEFAULT_SAMPLER, check_neighbouring, check_sampler
 from dpbench.utils.conf import GRAD_SAMPLE_MODES, PRECISIONS, REFUSED_PRECISIONS
 from dpbench.utils.ranges import (
@@ -52,10 +52,12 @@ class PrivacyConfig:
     enabled: bool = True
     target_epsilon: float | None = 3.0
     delta: float | None = None  # None: min(1e-5, 1/N'), N' the smallest power of ten > N
-    accountant: str = DEFAULT_ACCOUNTANT  # pld | prv | rdp (docs/accounting.md)
+    #: pld | prv | rdp (docs/accounting.md), or None: the sampler's default for its relation
+    #: (pld; rdp for trainer.sampler=fixed_size), chosen and logged by ``plan_privacy``
+    accountant: str | None = None
     clip_norm: float = 1.0
     noise_multiplier: float | None = None  # fixed sigma instead of a target epsilon
-    #: add_remove | replace_one | null (the sampler's own): docs/sampling.md
+    #: add_remove | replace_one | zero_out | null (the sampler's own): docs/sampling.md
     neighbouring: str | None = None
 
     def __post_init__(self) -> None:
@@ -91,7 +93,8 @@ class PrivacyConfig:
         positive("privacy.clip_norm", self.clip_norm)
         require(not math.isinf(self.clip_norm), "privacy.clip_norm", "finite", self.clip_norm,
                 why=": an infinite bound clips nothing and the noise scaled to it is infinite")
-        check_accountant(self.accountant)
+        if self.accountant is not None:
+            check_accountant(self.accountant)
 
 
 @dataclass

@@ -7,6 +7,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from dpbench.privacy.samplers import RELATION_LABEL
 from dpbench.training.loop import Callback, LoopView
 
 
@@ -35,5 +36,7 @@ class ProgressBar(Callback):
             self.bar.close()
             self.bar = None
         acc = metrics.get("accuracy")
-        tqdm.write(f"epoch {view.epoch}/{view.settings.epochs}  eps {self.epsilon:.4g}"
+        relation = RELATION_LABEL[view.plan.sampling.neighbouring]
+        tqdm.write(f"epoch {view.epoch}/{view.settings.epochs}  eps {self.epsilon:.4g} "
+                   f"({relation})"
                    + (f"  test accuracy {acc:.4f}" if acc is not None else ""))

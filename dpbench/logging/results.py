@@ -9,6 +9,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from dpbench.logging.records import COMPLETED, RUNNING, base_record, write_record
+from dpbench.privacy.composition import composed_relation
 from dpbench.privacy.selection import search_and_run_epsilon
 from dpbench.training.loop import Callback, LoopView
 
@@ -25,6 +26,9 @@ def run_record(cfg: DictConfig, summary: dict[str, Any], status: str,
             list(tuning.get("search_ledger") or []),
             float(tuning.get("selection_epsilon") or 0.0), summary["privacy_ledger"],
             summary["epsilon"], summary["delta"], summary["accountant"])
+        # the relation the total holds under (the search's and the run's, composed)
+        record["tuning"]["total_epsilon_neighbouring"] = composed_relation(
+            [list(tuning.get("search_ledger") or []), summary["privacy_ledger"]])
     if not summary.get("private", True):
         record["method"] = "nonprivate"
         record["epsilon"] = math.inf

@@ -165,7 +165,8 @@ class PrivacyAccountant:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_accountant(state["mechanism"])
         saved = Sampling(**state["sampling"]) if state.get("sampling") else None
-        if saved != self.sampling and not (saved is None and self.sampling.poisson):
+        plain = saved is None and self.sampling.ledger_spec() is None
+        if saved != self.sampling and not plain:
             raise ConfigError(f"the checkpoint's accountant ran under {saved}, not this run's "
                               f"{self.sampling}; resume with the same trainer.sampler")
         self.mechanism = state["mechanism"]

@@ -104,13 +104,21 @@ def interval_for(total_steps: int) -> float:
     return _ladder_at_most(min(INTERVAL_SCALE / math.sqrt(max(total_steps, 1)), MAX_INTERVAL))
 
 
+def _adjacencies(replace: bool) -> tuple[Any, ...]:
+    """Return the adjacency directions of one step: remove and add (add/remove, zero-out), or
+    dp-accounting's one symmetric ``REPLACE`` (replace-one: it doubles the sensitivity)."""
+    from dp_accounting.pld.privacy_loss_mechanism import AdjacencyType
+
+    return (AdjacencyType.REPLACE,) if replace else (AdjacencyType.REMOVE, AdjacencyType.ADD)
+
+
 @functools.lru_cache(maxsize=256)
-def _loss_span(sigma: float, q: float) -> float:
+def _loss_span(sigma: float, q: float, replace: bool = False) -> float:
     """Return the width of one step's privacy-loss support that connect-the-dots grids."""
     from dp_accounting.pld import privacy_loss_mechanism as plm
 
     span = 0.0
-    for adjacency in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD):
+    for adjacency in _adjacencies(replace):
         bounds = plm.GaussianPrivacyLoss(sigma, sampling_prob=q,
                                          adjacency_type=adjacency).connect_dots_bounds()
         span = max(span, bounds.epsilon_upper - bounds.epsilon_lower)
@@ -140,23 +148,29 @@ def _step_pmf(sigma: float, q: float, interval: float, adjacency: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=32)
-def base_pmfs(sigma: float, q: float, interval: float) -> tuple[Any, Any]:
+def base_pmfs(sigma: float, q: float, interval: float, replace: bool = False
+              ) -> tuple[Any, Any]:
     """Return one step's dense PMFs (remove, add; at q = 1 they are one and the same), as
-    dp-accounting's pessimistic connect-the-dots PLD of the step has them (memoised)."""
+    dp-accounting's pessimistic connect-the-dots PLD of the step has them (memoised).
+    ``replace``: the step under replace-one, dp-accounting's one symmetric ``REPLACE`` PMF
+    (``from_gaussian_mechanism(..., neighboring_relation=REPLACE_ONE)``), twice."""
     from dp_accounting.pld.privacy_loss_mechanism import AdjacencyType
 
+    if replace:
+        one = _step_pmf(sigma, q, interval, AdjacencyType.REPLACE)
+        return one, one
     remove = _step_pmf(sigma, q, interval, AdjacencyType.REMOVE)
     if q >= 1.0:
         return remove, remove
     return remove, _step_pmf(sigma, q, interval, AdjacencyType.ADD)
 
 
-def base_pld(sigma: float, q: float, interval: float) -> Any:
+def base_pld(sigma: float, q: float, interval: float, replace: bool = False) -> Any:
     """Return dp-accounting's pessimistic connect-the-dots PLD of one step."""
     from dp_accounting.pld import privacy_loss_distribution as pld
 
-    remove, add = base_pmfs(sigma, q, interval)
-    return pld.PrivacyLossDistribution(remove) if q >= 1.0 else (
+    remove, add = base_pmfs(sigma, q, interval, replace)
+    return pld.PrivacyLossDistribution(remove) if (q >= 1.0 or replace) else (
         pld.PrivacyLossDistribution(remove, add))
 
 
@@ -170,14 +184,15 @@ def dense_probabilities(pmf: Any) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def _log_mgfs(sigma: float, q: float, interval: float) -> tuple[tuple[int, Any, Any], ...]:
+def _log_mgfs(sigma: float, q: float, interval: float, replace: bool = False
+              ) -> tuple[tuple[int, Any, Any], ...]:
     """Return, per direction, (grid length, orders, log moment generating function at them)
     of one step's PLD: the inputs of dp-accounting's Chernoff bound on a self-composition's
     support (``common.compute_self_convolve_bounds``), computed once per base PLD."""
     from scipy import special
 
     out = []
-    for pmf in base_pmfs(sigma, q, interval):
+    for pmf in base_pmfs(sigma, q, interval, replace):
         probs = dense_probabilities(pmf)
         n = len(probs)
         orders = np.concatenate((np.arange(-20, 0), np.arange(1, 21))) / n  # as dp-accounting
@@ -186,11 +201,12 @@ def _log_mgfs(sigma: float, q: float, interval: float) -> tuple[tuple[int, Any, 
     return tuple(out)
 
 
-def composed_points(sigma: float, q: float, interval: float, steps: int) -> int:
+def composed_points(sigma: float, q: float, interval: float, steps: int,
+                    replace: bool = False) -> int:
     """Return the grid length ``base_pld(...).self_compose(steps)`` allocates: the untruncated
     length, or the Chernoff bounds dp-accounting truncates to (same formula, cached MGFs)."""
     points = 0
-    for n, orders, log_mgfs in _log_mgfs(sigma, q, interval):
+    for n, orders, log_mgfs in _log_mgfs(sigma, q, interval, replace):
         lower, upper = 0, steps * (n - 1)
         if upper + 1 > COMPOSED_POINTS_CAP:
             with np.errstate(all="ignore"):
@@ -204,49 +220,54 @@ def composed_points(sigma: float, q: float, interval: float, steps: int) -> int:
     return points
 
 
-def plan_interval(groups: tuple[Group, ...], finest: float = math.inf) -> float:
+def plan_interval(groups: tuple[Group, ...], finest: float = math.inf,
+                  replace: bool = False) -> float:
     """Return the interval to compose ``groups`` at: the default for their total step count
     (or ``finest`` if smaller), coarsened until one step's grid fits ``BASE_POINTS_CAP``
     and the composed grid fits ``COMPOSED_POINTS_CAP``. The first check allocates nothing;
     the second sizes the composition from the (capped) base PLDs before any FFT runs."""
     total = sum(k for _, _, k in groups)
     interval = min(interval_for(total), _ladder_at_most(finest))
-    widest = max(_loss_span(s, q) for s, q, _ in groups)
+    widest = max(_loss_span(s, q, replace) for s, q, _ in groups)
     interval = max(interval, _ladder_at_least(widest / BASE_POINTS_CAP))
     for _ in range(len(LADDER)):
-        points = sum(composed_points(s, q, interval, k) for s, q, k in groups)
+        points = sum(composed_points(s, q, interval, k, replace) for s, q, k in groups)
         if points <= COMPOSED_POINTS_CAP or interval >= LADDER[-1]:
             break
         interval = _ladder_at_least(interval * 1.01 * points / COMPOSED_POINTS_CAP)
     return interval
 
 
-def _compose(groups: tuple[Group, ...], interval: float, delta: float) -> float:
+def _compose(groups: tuple[Group, ...], interval: float, delta: float,
+             replace: bool = False) -> float:
     composed = None
     for sigma, q, steps in groups:
-        part = base_pld(sigma, q, interval).self_compose(steps, tail_mass_truncation=TAIL_MASS)
+        part = base_pld(sigma, q, interval, replace).self_compose(
+            steps, tail_mass_truncation=TAIL_MASS)
         composed = part if composed is None else composed.compose(part, TAIL_MASS)
     return max(float(composed.get_epsilon_for_delta(delta)), 0.0)
 
 
 @functools.lru_cache(maxsize=4096)
-def pld_epsilon(groups: tuple[Group, ...], delta: float) -> float:
+def pld_epsilon(groups: tuple[Group, ...], delta: float, replace: bool = False) -> float:
     """Return an upper bound on epsilon at ``delta`` of the composition of ``groups``.
 
     ``groups`` must come from ``canonical_groups`` (sorted, merged, hashable). A small
     epsilon (below ``RESOLUTION`` intervals) is recomputed once on a finer grid, and the
-    smaller of the two upper bounds is returned.
+    smaller of the two upper bounds is returned. ``replace``: under replace-one, each
+    multiplier relative to C (dp-accounting's ``REPLACE`` doubles the sensitivity); else
+    under add/remove (or zero-out, the same privacy loss), relative to the shift.
     """
     if not groups:
         return 0.0
     if any(s <= 0 for s, _, _ in groups):
         return math.inf
-    interval = plan_interval(groups)
-    eps = _compose(groups, interval, delta)
+    interval = plan_interval(groups, replace=replace)
+    eps = _compose(groups, interval, delta, replace)
     if math.isfinite(eps) and eps < RESOLUTION * interval:
-        finer = plan_interval(groups, finest=max(eps, LADDER[0]) / RESOLUTION)
+        finer = plan_interval(groups, finest=max(eps, LADDER[0]) / RESOLUTION, replace=replace)
         if finer < interval:
-            eps = min(eps, _compose(groups, finer, delta))
+            eps = min(eps, _compose(groups, finer, delta, replace))
     return eps
 
 

@@ -143,7 +143,7 @@ def expected_error_table(dataset_size: int, batch_size: int, steps: int,
     steps); the product is the expected squared error per step of the noisy prefix sums of
     gradients, which the BandMF paper (Sec. 5) minimises over b. It reads no data.
     """
-    from dpbench.privacy import calibrate_noise_multiplier  # public API; avoids an import cycle
+    from dpbench.privacy.calibration import calibrate_noise_multiplier
 
     rows = []
     for eps in epsilons:

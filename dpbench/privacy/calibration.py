@@ -65,7 +65,7 @@ def calibrate_noise_multiplier(
         raise ConfigError(f"privacy.target_epsilon={target_epsilon} cannot be calibrated "
                           f"(delta={delta}, q={sample_rate}, steps={steps})")
     args = (target_epsilon, delta, sample_rate, steps)
-    if sampling is not None and not sampling.poisson:
+    if sampling is not None and not sampling.plain:
         def spend(sigma: float) -> float:
             return sampling_epsilon(sampling, accountant, [(sigma, sample_rate, steps)], delta,
                                     epsilon)

@@ -17,7 +17,15 @@ from dpbench.privacy.accountant import default_delta as compute_default_delta
 from dpbench.privacy.banded_mf import amplified_equivalent
 from dpbench.privacy.calibration import calibrate_noise_multiplier
 from dpbench.privacy.ledger import combined_noise_multiplier
-from dpbench.privacy.samplers import DEFAULT_SAMPLER, Sampling, resolve_sampling
+from dpbench.privacy.samplers import (
+    ADD_REMOVE,
+    DEFAULT_SAMPLER,
+    RELATION_LABEL,
+    Sampling,
+    default_accountant,
+    resolve_sampling,
+    steps_per_epoch,
+)
 from dpbench.utils.ranges import require
 
 
@@ -37,6 +45,8 @@ class PrivacyPlan:
     bands: int = 1  # cyclic Poisson over b partitions: accounted as DP-SGD at b q, T / b steps
     #: the batch sampler and its neighbouring relation (``samplers.py``)
     sampling: Sampling = Sampling()
+    #: set when ``privacy.accountant`` was null: which accountant was chosen, and why
+    accountant_note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,15 +106,20 @@ def plan_privacy(privacy: Any, trainer: Any, dataset_size: int, private: bool,
     sampler = getattr(trainer, "sampler", DEFAULT_SAMPLER)
     relation = resolve_sampling(sampler, getattr(privacy, "neighbouring", None),
                                 privacy.accountant, private and privacy.enabled)
+    chosen = privacy.accountant or default_accountant(sampler, relation)
     if sampler != DEFAULT_SAMPLER and bands is not None:
         raise ConfigError(f"trainer.sampler={sampler}: this method samples cyclic Poisson "
                           f"batches over {bands} bands itself; use trainer.sampler=poisson")
+    if bands is not None and relation != ADD_REMOVE:
+        raise ConfigError(f"privacy.neighbouring={relation}: this method's cyclic Poisson "
+                          "batches are accounted as DP-SGD under add/remove only; use "
+                          "privacy.neighbouring=null")
     require(trainer.batch_size <= n, "trainer.batch_size", f"<= N = {n} training examples",
             trainer.batch_size)
     q = trainer.batch_size / n
-    steps_per_epoch = max(int(1 / q), 1)  # as Opacus's DPDataLoader: int(1 / q) per epoch
-    sampling = Sampling(sampler, relation, n, int(trainer.batch_size), steps_per_epoch)
-    total = trainer.epochs * steps_per_epoch
+    per_epoch = steps_per_epoch(n, trainer.batch_size)  # as Opacus's DPDataLoader: int(1 / q)
+    sampling = Sampling(sampler, relation, n, int(trainer.batch_size), per_epoch)
+    total = trainer.epochs * per_epoch
     b = bands or 1
     require(b * q <= 1, "method.settings.bands * trainer.batch_size", f"<= N = {n}",
             why=" (cyclic Poisson samples each of the b partitions at rate b B / N; "
@@ -114,19 +129,22 @@ def plan_privacy(privacy: Any, trainer: Any, dataset_size: int, private: bool,
     rate, steps = amplified_equivalent(q, total, b)
     private = private and privacy.enabled
     if not private:
-        return PrivacyPlan(False, q, q * n, steps_per_epoch, total, None, 0.0, None,
+        return PrivacyPlan(False, q, q * n, per_epoch, total, None, 0.0, None,
                            privacy.target_epsilon, b, sampling)
     delta = privacy.delta if privacy.delta is not None else compute_default_delta(n)
     require(delta < 1.0 / n, "privacy.delta", f"< 1/N = {1.0 / n:.3g}", shown=f"{delta:.3g}")
     if privacy.noise_multiplier is not None:
-        sigma, accountant, target = float(privacy.noise_multiplier), privacy.accountant, None
+        sigma, accountant, target = float(privacy.noise_multiplier), chosen, None
         check_accountable(sigma, q, total, delta, accountant)
     else:
         sigma, accountant = calibrate_noise_multiplier(
-            privacy.target_epsilon, delta, rate, steps, privacy.accountant, sampling)
+            privacy.target_epsilon, delta, rate, steps, chosen, sampling)
         target = privacy.target_epsilon
-    return PrivacyPlan(True, q, q * n, steps_per_epoch, total, delta, sigma, accountant, target,
-                       b, sampling)
+    note = None if privacy.accountant else (
+        f"privacy.accountant=null: chose {chosen}, the accountant for trainer.sampler={sampler} "
+        f"under {RELATION_LABEL[relation]} (docs/sampling.md)")
+    return PrivacyPlan(True, q, q * n, per_epoch, total, delta, sigma, accountant, target,
+                       b, sampling, note)
 
 
 def account_release(plan: PrivacyPlan, ledger: Any, accountant: Any, step: int,
@@ -144,5 +162,5 @@ def account_release(plan: PrivacyPlan, ledger: Any, accountant: Any, step: int,
     if step % plan.bands:
         return
     rate = plan.bands * plan.sample_rate
-    sampling = None if plan.sampling.poisson else plan.sampling.to_json()
+    sampling = plan.sampling.ledger_spec()
     accountant.step(noise_multiplier=ledger.record(rate, queries, sampling), sample_rate=rate)

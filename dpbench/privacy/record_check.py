@@ -147,6 +147,7 @@ def check_record_epsilon(record: Mapping[str, Any], what: str = "results.json"
     accountant = record.get("accountant")
     history = ledger_history(ledger)
     sampling = _ledger_sampling(record, ledger, what)
+    _check_convention(record, sampling, what)
     try:
         if not history:
             derived = 0.0
@@ -177,27 +178,80 @@ def check_record_epsilon(record: Mapping[str, Any], what: str = "results.json"
 
 def _ledger_sampling(record: Mapping[str, Any], ledger: list[dict[str, Any]],
                      what: str) -> Any:
-    """Return the ``Sampling`` the ledger's entries name (None: Poisson), which must be one for
-    every entry and agree with the record's ``sampler``; LedgerMismatch otherwise."""
-    from dpbench.privacy.samplers import Sampling
+    """Return the ``Sampling`` the ledger's entries name (None: Poisson under add/remove),
+    which must be one for every entry and agree with the record's ``sampler``,
+    ``neighbouring``, ``dataset_size`` and rate; its steps per epoch are re-derived from its
+    own N and B (``samplers.steps_per_epoch``), never read. LedgerMismatch otherwise."""
+    from dpbench.privacy.samplers import ADD_REMOVE, Sampling, steps_per_epoch
 
     specs = [e.get("sampling") for e in ledger]
     if any(spec != specs[0] for spec in specs):
         raise LedgerMismatch(f"{what}: privacy_ledger mixes samplers")
     named = record.get("sampler", "poisson")
+    relation = record.get("neighbouring") or ADD_REMOVE
     if not specs or specs[0] is None:
-        if named != "poisson":
-            raise LedgerMismatch(f"{what}: sampler {named!r} but a Poisson privacy_ledger")
+        if named != "poisson" or relation != ADD_REMOVE:
+            raise LedgerMismatch(f"{what}: sampler {named!r} under {relation!r} but a Poisson "
+                                 "add/remove privacy_ledger")
         return None
     try:
+        if not isinstance(specs[0], Mapping):
+            raise TypeError("not a mapping")
         sampling = Sampling(**specs[0])
     except TypeError as err:
         raise LedgerMismatch(f"{what}: privacy_ledger's sampling is not a sampler ({err})"
                              ) from None
-    if sampling.sampler != named or sampling.poisson:
+    key = f"{what}: privacy_ledger[0].sampling"
+    if sampling.sampler != named or sampling.ledger_spec() is None:
         raise LedgerMismatch(f"{what}: sampler {named!r} but the ledger names "
-                             f"{sampling.sampler!r}")
+                             f"{sampling.sampler!r} under {sampling.neighbouring!r}")
+    if sampling.neighbouring != relation:
+        raise LedgerMismatch(f"{key}.neighbouring is {sampling.neighbouring!r}, but the record's "
+                             f"neighbouring is {relation!r}")
+    n, b = sampling.dataset_size, sampling.batch_size
+    for field, value in (("dataset_size", n), ("batch_size", b),
+                         ("steps_per_epoch", sampling.steps_per_epoch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise LedgerMismatch(f"{key}.{field} is not an integer >= 1 ({value!r})")
+    if b > n:
+        raise LedgerMismatch(f"{key}.batch_size {b} exceeds its dataset_size {n}")
+    if record.get("dataset_size") is not None and record.get("dataset_size") != n:
+        raise LedgerMismatch(f"{key}.dataset_size is {n}, but the record's dataset_size is "
+                             f"{record.get('dataset_size')!r}")
+    rate = record.get("sample_rate")
+    if isinstance(rate, (int, float)) and not math.isclose(b / n, rate, rel_tol=1e-9):
+        raise LedgerMismatch(f"{key}: batch_size / dataset_size = {b}/{n}, but the record's "
+                             f"sample_rate is {rate!r}")
+    expected = steps_per_epoch(n, b)
+    if sampling.steps_per_epoch != expected:
+        raise LedgerMismatch(f"{key}.steps_per_epoch is {sampling.steps_per_epoch}, but its own "
+                             f"N = {n} and B = {b} give {expected}")
     return sampling
+
+
+def _check_convention(record: Mapping[str, Any], sampling: Any, what: str) -> None:
+    """Refuse a record whose ``mechanism.convention`` (or ``mechanism.neighbouring``) is not
+    the one its ledger's sampler and relation state (``samplers.convention``): a reader
+    following it would double-count or halve the replace-one factor 2. Records written
+    before the field have none (nothing to check)."""
+    from dpbench.privacy.samplers import Sampling, convention
+
+    mechanism = record.get("mechanism")
+    if not isinstance(mechanism, Mapping):
+        return
+    expected = convention(sampling or Sampling())
+    stated = mechanism.get("convention")
+    if stated is not None and stated != expected:
+        raise LedgerMismatch(
+            f"{what}: mechanism.convention is {stated!r}, but its ledger's "
+            f"{(sampling or Sampling()).sampler} under {expected['neighbouring']} has "
+            f"multipliers relative to {expected['multiplier_relative_to']}, read by "
+            + ", ".join(f"{p['accountant']} {p['neighboring_relation']}"
+                        for p in expected["read_by"]))
+    relation = mechanism.get("neighbouring")
+    if relation is not None and relation != expected["neighbouring"]:
+        raise LedgerMismatch(f"{what}: mechanism.neighbouring is {relation!r}, but its ledger "
+                             f"is under {expected['neighbouring']!r}")
 
 
 def _check_total(record: Mapping[str, Any], ledger: list[dict[str, Any]], derived: float,
@@ -229,9 +283,11 @@ def _check_total(record: Mapping[str, Any], ledger: list[dict[str, Any]], derive
 def ledger_epsilon(ledger: list[Mapping[str, Any]], delta: float) -> float:
     """Return epsilon at ``delta`` re-derived from any run's ledger, its sampler included.
 
-    Poisson entries (no ``sampling``) go to ``pld_epsilon``; a ledger of one other sampler is
-    composed from ``dp_event_for``'s events by dp-accounting directly."""
-    from dpbench.privacy.samplers import Sampling, dp_event_for, events_relation
+    Poisson entries under add/remove (no ``sampling``) go to ``pld_epsilon``; a ledger of one
+    other sampler or relation is composed from ``dp_event_for``'s events by dp-accounting
+    directly, with the accountant and relation its ``convention`` names first (PLD where it
+    reads them, else RDP)."""
+    from dpbench.privacy.samplers import Sampling, convention, dp_event_for, events_relation
 
     specs = {tuple(sorted(e["sampling"].items())) if e.get("sampling") else None
              for e in ledger}
@@ -248,7 +304,7 @@ def ledger_epsilon(ledger: list[Mapping[str, Any]], delta: float) -> float:
     if not history:
         return 0.0
     relation = events_relation(sampling)
-    if sampling.sampler == "fixed_size":
+    if not any(p["accountant"] == "pld" for p in convention(sampling)["read_by"]):
         from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
         accountant = rdp.RdpAccountant(neighboring_relation=relation)

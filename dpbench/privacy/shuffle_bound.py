@@ -22,9 +22,15 @@ permutations are independent), and epsilon at delta read off dp-accounting's PLD
 pair's hockey-stick divergence, so the result is a lower bound on the epsilon of any
 accountant valid for the shuffled mechanism.
 
-Under replace-one (the relation ``shuffle`` is accounted under), the other examples'
-gradients set to -C and the differing one -C against +C give the same pair with the sum
-moved by 2C, i.e. s = sigma / 2 (``samplers.SENSITIVITY``).
+Under replace-one, the other examples' gradients set to -C and the differing one -C against
++C give the same pair with the sum moved by 2C, i.e. s = sigma / 2; under zero-out (the
+differing example's gradient +C against 0) the sum moves by C, s = sigma
+(``samplers.SENSITIVITY``).
+
+When B does not divide N the sampler leaves the last N - T B examples of each permutation out
+of the epoch: the differing example is in none of the T batches with probability
+w = (N - T B) / N, and then the epoch's release has Q's distribution. The epoch's pair is
+therefore ((1 - w) P + w Q, Q), the mixture taken bin by bin (``left_out_fraction``).
 """
 
 from __future__ import annotations
@@ -61,19 +67,32 @@ def _log_bin_masses(s: float, steps: int, edges: np.ndarray) -> tuple[np.ndarray
     return out[0], out[1]
 
 
+def left_out_fraction(dataset_size: int, batch_size: int, steps_per_epoch: int) -> float:
+    """Return w = (N - T B) / N, the chance that an example sits a shuffled epoch out."""
+    n = int(dataset_size)
+    return max(n - int(steps_per_epoch) * int(batch_size), 0) / n
+
+
 def shuffle_lower_bound(noise_multiplier: float, steps_per_epoch: int, epochs: int,
-                        delta: float, discretization: float = 1e-3) -> float:
+                        delta: float, discretization: float = 1e-3,
+                        left_out: float = 0.0) -> float:
     """Return a lower bound on epsilon at ``delta`` of ``epochs`` shuffled epochs of
     ``steps_per_epoch`` batches, the Gaussian noise ``noise_multiplier`` times the
-    sensitivity (Chua et al. 2024, Sec. 4; see the module docstring)."""
+    sensitivity (Chua et al. 2024, Sec. 4; see the module docstring). ``left_out``: the
+    fraction w of examples each epoch leaves out (``left_out_fraction``); the epoch's pair
+    is ((1 - w) P + w Q, Q)."""
     from dp_accounting.pld import privacy_loss_distribution as pld
 
-    s, t = float(noise_multiplier), int(steps_per_epoch)
-    if epochs <= 0:
+    s, t, w = float(noise_multiplier), int(steps_per_epoch), float(left_out)
+    if epochs <= 0 or w >= 1.0:
         return 0.0
+    if not 0.0 <= w < 1.0:
+        raise ValueError(f"left_out must be in [0, 1) (got {w!r})")
     edges = np.linspace(-BIN_SPAN * s, 1.0 + BIN_SPAN * s + s * math.sqrt(2 * math.log(t + 1)),
                         BINS)
     log_p, log_q = _log_bin_masses(s, t, edges)
+    if w > 0.0:
+        log_p = np.logaddexp(math.log1p(-w) + log_p, math.log(w) + log_q)
     keep = np.isfinite(log_p) & np.isfinite(log_q)
     upper = {i: float(v) for i, v in enumerate(log_p) if keep[i]}
     lower = {i: float(v) for i, v in enumerate(log_q) if keep[i]}

@@ -104,20 +104,66 @@ def _contains(event: Any, kind: type) -> bool:
     return False
 
 
-def event_epsilon(event: Mapping[str, Any] | Any, delta: float | None,
-                  accountant: str = "pld") -> float:
-    """Return epsilon at ``delta`` of a run's event (JSON form or ``DpEvent``) by
-    ``accountant`` (results.json's ``accountant``): the reported epsilon, from the event alone.
-
-    Sampling without replacement (``trainer.sampler=fixed_size``) is composed by
-    dp-accounting's RDP accountant under replace-one, the only one that has it; a plain
-    Gaussian (``shuffle``'s epochs, multiplier relative to the replace-one shift) is a
-    Poisson group at q = 1 (``samplers.sampling_epsilon``)."""
+def legacy_convention(event: Any) -> dict[str, Any]:
+    """Return the convention of an event recorded before results.json stated one: Poisson
+    events under add/remove, a ``shuffle`` or ``fixed_size`` run's events under replace-one
+    relative to 2C (what dpbench wrote then; ``samplers.convention``)."""
     from dp_accounting import dp_event
+
+    from dpbench.privacy.samplers import ADD_REMOVE, REPLACE_ONE, Sampling, convention
+
+    if _contains(event, dp_event.SampledWithoutReplacementDpEvent):
+        return convention(Sampling("fixed_size", REPLACE_ONE))
+    if _contains(event, dp_event.PoissonSampledDpEvent) or not _contains(
+            event, dp_event.GaussianDpEvent):
+        return convention(Sampling("poisson", ADD_REMOVE))
+    return convention(Sampling("shuffle", REPLACE_ONE))
+
+
+def _checked_convention(event: Any, conv: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """Return ``conv`` (or the legacy one) if it is a convention dpbench writes for the kind
+    of ``event``; ValueError (one line) otherwise."""
+    from dp_accounting import dp_event
+
+    from dpbench.privacy.samplers import NEIGHBOURING, REPLACE_ONE
+
+    if conv is None:
+        return legacy_convention(event)
+    if not isinstance(conv, Mapping) or conv.get("neighbouring") not in NEIGHBOURING or conv.get(
+            "multiplier_relative_to") not in ("C", "2C"):
+        raise ValueError(f"mechanism.convention is not a convention ({conv!r})")
+    if conv["multiplier_relative_to"] == "2C" and conv["neighbouring"] != REPLACE_ONE:
+        raise ValueError("mechanism.convention: multipliers relative to 2C under "
+                         f"{conv['neighbouring']} (a shift of C) would halve the noise")
+    swor = _contains(event, dp_event.SampledWithoutReplacementDpEvent)
+    if swor and (conv["neighbouring"], conv["multiplier_relative_to"]) != (REPLACE_ONE, "2C"):
+        raise ValueError("mechanism.convention: sampling without replacement is accounted "
+                         "under replace_one relative to 2C only")
+    return conv
+
+
+def event_epsilon(event: Mapping[str, Any] | Any, delta: float | None,
+                  accountant: str = "pld", convention: Mapping[str, Any] | None = None
+                  ) -> float:
+    """Return epsilon at ``delta`` of a run's event (JSON form or ``DpEvent``) by
+    ``accountant`` (results.json's ``accountant``): the reported epsilon, from the event and
+    its ``convention`` (results.json's ``mechanism.convention``; None: a record written
+    before it, ``legacy_convention``).
+
+    Multipliers relative to 2C (replace-one, ``shuffle``/``fixed_size``) are read as they are:
+    sampling without replacement by dp-accounting's RDP accountant under replace-one, the
+    only one that has it, a plain Gaussian as a Poisson group at q = 1
+    (``samplers.sampling_epsilon``). Multipliers relative to C under replace-one (Poisson)
+    are read by the PLD accountant under replace-one, which doubles the sensitivity; under
+    add/remove or zero-out, as they are. A convention inconsistent with the event raises."""
+    from dp_accounting import dp_event
+
+    from dpbench.privacy.samplers import REPLACE_ONE
 
     event = from_json(event)
     if _contains(event, dp_event.NonPrivateDpEvent):
         return math.inf
+    conv = _checked_convention(event, convention)
     if _contains(event, dp_event.SampledWithoutReplacementDpEvent):
         from dp_accounting.privacy_accountant import NeighboringRelation
         from dp_accounting.rdp import rdp_privacy_accountant as rdp
@@ -129,7 +175,44 @@ def event_epsilon(event: Mapping[str, Any] | Any, delta: float | None,
     if groups is None:
         return math.inf
     groups = [g for g in groups if g[2] > 0]
-    return compose_epsilon(groups, float(delta), accountant) if groups else 0.0
+    if not groups:
+        return 0.0
+    if conv["neighbouring"] == REPLACE_ONE and conv["multiplier_relative_to"] == "C":
+        from dpbench.privacy.accountant_pld import canonical_groups
+        from dpbench.privacy.accountant_pld import pld_epsilon as grouped_pld
+
+        if accountant != "pld":
+            raise ValueError(f"accountant {accountant!r} has no replace-one analysis of these "
+                             "events (multipliers relative to C); only pld")
+        return grouped_pld(canonical_groups(groups), float(delta), replace=True)
+    return compose_epsilon(groups, float(delta), accountant)
+
+
+def dp_accounting_epsilon(event: Mapping[str, Any] | Any, delta: float,
+                          convention: Mapping[str, Any] | None, accountant: str,
+                          relation: str, discretization: float = 1e-4) -> float:
+    """Return epsilon at ``delta`` of the event by dp-accounting's own ``accountant``
+    ("pld" or "rdp") under ``NeighboringRelation.<relation>``, after checking that the pair
+    reads events of this ``convention`` correctly (``samplers.check_reading``: a pair that
+    would double-count or halve the replace-one factor raises ValueError)."""
+    from dp_accounting import privacy_accountant as pa
+
+    from dpbench.privacy.samplers import check_reading
+
+    event = from_json(event)
+    check_reading(_checked_convention(event, convention), accountant, relation)
+    neighbours = pa.NeighboringRelation[relation]
+    if accountant == "pld":
+        from dp_accounting.pld import pld_privacy_accountant
+
+        acc: Any = pld_privacy_accountant.PLDAccountant(
+            neighboring_relation=neighbours, value_discretization_interval=discretization)
+    else:
+        from dp_accounting.rdp import rdp_privacy_accountant
+
+        acc = rdp_privacy_accountant.RdpAccountant(neighboring_relation=neighbours)
+    acc.compose(event)
+    return float(acc.get_epsilon(float(delta)))
 
 
 def event_pld_epsilon(event: Mapping[str, Any] | Any, delta: float,

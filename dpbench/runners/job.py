@@ -338,7 +338,11 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
             if record is not None:
                 if start is not None:
                     start.send(StartSignal.DONE)
-                print(f"dpbench: {run_dir} already completed; epsilon {record['epsilon']}")
+                from dpbench.privacy.samplers import RELATION_LABEL
+
+                relation = RELATION_LABEL.get(record.get("neighbouring"), "add/remove")
+                print(f"dpbench: {run_dir} already completed; epsilon {record['epsilon']} "
+                      f"({relation})")
                 return record
         threads = apply_threads(spec.trainer.num_threads, hc)  # k parallel jobs share cores
         callbacks = _callbacks(cfg, run_dir, Path(hc.sweep.dir).name if multirun else None)
@@ -359,9 +363,12 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
                  "set for this job" if threads else "torch's default",
                  os.environ.get("OMP_NUM_THREADS"))
         plan = trainer.plan
-        log.info("N=%d q=%.4g steps=%d sigma=%.4g delta=%s accountant=%s",
-                 len(trainer.data.train), plan.sample_rate, plan.total_steps,
-                 plan.noise_multiplier, plan.delta, plan.accountant)
+        if plan.accountant_note:
+            log.info(plan.accountant_note)
+        log.info("N=%d q=%.4g steps=%d sigma=%.4g delta=%s accountant=%s sampler=%s "
+                 "neighbouring=%s", len(trainer.data.train), plan.sample_rate, plan.total_steps,
+                 plan.noise_multiplier, plan.delta, plan.accountant, plan.sampling.sampler,
+                 plan.sampling.neighbouring)
         if start is not None:
             start.send(StartSignal.GO)
         watch.install()  # restored only after a failure is recorded (see the finally)
@@ -401,11 +408,14 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
 
 
 def _print_done(cfg: DictConfig, result: dict, run_dir: Path) -> None:
+    from dpbench.privacy.samplers import RELATION_LABEL
+
     eps = result["epsilon"]
     acc = result["metrics"].get("accuracy")
     print(f"dpbench: {cfg.method.name} on {cfg.dataset.name}/{cfg.model.name}: "
           f"epsilon {eps if math.isinf(eps) else round(eps, 4)} (target "
-          f"{result['target_epsilon']}, delta {result['delta']}), "
+          f"{result['target_epsilon']}, delta {result['delta']}, "
+          f"{RELATION_LABEL.get(result.get('neighbouring'), 'add/remove')}), "
           + (f"test accuracy {acc:.4f}, " if acc is not None else "")
           + f"results in {run_dir / RESULTS_NAME}")
 

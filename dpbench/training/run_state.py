@@ -95,7 +95,7 @@ def restore_privacy_state(trainer: Any, state: dict[str, Any]) -> None:
         raise ConfigError(f"{err}; move checkpoint.pt away to start afresh") from None
     fields = ("sample_rate", "noise_multiplier", "queries", "steps")
     # the sampler the steps ran under is the plan's, never the file's (Poisson: no field)
-    sampling = None if plan.sampling.poisson else plan.sampling.to_json()
+    sampling = plan.sampling.ledger_spec()
     trainer.ledger.load_state_dict({"entries": [
         {**{k: e[k] for k in fields}, **({"sampling": sampling} if sampling else {})}
         for e in ledger]})

@@ -13,6 +13,7 @@ from typing import Any
 
 from dpbench.privacy.gap import gap_record
 from dpbench.privacy.ledger import run_event, to_json
+from dpbench.privacy.samplers import convention
 
 #: what results.json says about ``unprivatised_diagnostics`` (see docs/privacy-unit-and-streams.md)
 UNPRIVATISED_DIAGNOSTICS_NOTE = (
@@ -56,6 +57,8 @@ def mechanism_record(trainer: Any) -> dict[str, Any]:
     plan = trainer.step_plan
     return {"sampling": plan.sampling, "bands": plan.bands,
             "neighbouring": trainer.plan.sampling.neighbouring,
+            # what the event's multipliers are relative to, and who reads them (C or 2C)
+            "convention": convention(trainer.plan.sampling),
             "gradient_noise_multiplier": plan.gradient_noise_multiplier,
             "event": to_json(run_event(trainer.ledger.to_json(), plan.private, plan.sampling))}
 
@@ -78,6 +81,8 @@ def run_summary(trainer: Any) -> dict[str, Any]:
         "planned_steps": plan.total_steps,
         "skipped_steps": trainer.skipped_steps,
         "accountant": trainer.accountant.mechanism if trainer.accountant else None,
+        # privacy.accountant=null: which accountant the run chose for its sampler, and why
+        **({"accountant_note": plan.accountant_note} if plan.accountant_note else {}),
         # the batch sampler, its neighbouring relation, and (not Poisson) the gap:
         # epsilon_if_poisson (NOT valid for the run) and a lower bound (privacy/gap.py)
         **(gap_record(plan.sampling, trainer.accountant.mechanism, trainer.accountant.history,

@@ -1,7 +1,8 @@
 """Stored tuning choices (``choices.json``) and how a later run applies them (``tuned=FILE``).
 
 A choice is keyed by its cell (method, data set, model, target epsilon, the method settings
-that define a variant, and a hash of every other setting that changes a run, ``cfg_cell_key``)
+that define a variant, the batch sampler and neighbouring relation unless Poisson under
+add/remove, and a hash of every other setting that changes a run, ``cfg_cell_key``)
 and holds the overrides the search chose, the search's mode and, in ``accounted`` mode, every
 trial with its own privacy ledger and the selection epsilon, so that every run using the
 choice can report the total epsilon of search + run (docs/tuning-and-claims.md, "Tuning").
@@ -32,6 +33,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dpbench.errors import ConfigError
+from dpbench.privacy.samplers import with_settled_accountant
 from dpbench.utils.conf import without_added_defaults
 from dpbench.utils.io import json_bytes
 from dpbench.utils.mac import is_authentic, write_authenticated
@@ -137,7 +139,7 @@ def run_settings(cfg: DictConfig) -> dict[str, Any]:
             node = node.get(name) if isinstance(node, dict) else None
         if isinstance(node, dict):
             node.pop(leaf, None)
-    return without_added_defaults(data)
+    return with_settled_accountant(without_added_defaults(data))
 
 
 def cfg_cell_key(cfg: DictConfig) -> str:
@@ -152,7 +154,24 @@ def cfg_cell_key(cfg: DictConfig) -> str:
     digest = hashlib.sha256(settings.encode()).hexdigest()[:12]
     base = cell_key(cfg.method.name, cfg.dataset.name, cfg.model.name,
                     cfg.privacy.get("target_epsilon"), variant_settings(cfg))
-    return f"{base}|run={digest}"
+    return f"{base}{sampler_key(cfg)}|run={digest}"
+
+
+def sampler_key(cfg: DictConfig) -> str:
+    """Return the readable sampler part of a cell's key: ``|sampler=S|neighbouring=R`` (the
+    relation resolved: null is the sampler's own), empty for Poisson under add/remove so that
+    earlier choices files still match. An epsilon target under another sampler or relation
+    is another guarantee: its choice is tuned on its own."""
+    from dpbench.privacy.samplers import ADD_REMOVE, DEFAULT_SAMPLER, resolve_sampling
+
+    sampler = cfg.trainer.get("sampler") or DEFAULT_SAMPLER
+    try:
+        relation = resolve_sampling(sampler, cfg.privacy.get("neighbouring"), None, False)
+    except ConfigError:
+        relation = cfg.privacy.get("neighbouring")
+    if sampler == DEFAULT_SAMPLER and relation == ADD_REMOVE:
+        return ""
+    return f"|sampler={sampler}|neighbouring={relation}"
 
 
 def read_choices(path: str | Path) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 
 from dpbench.config.compose import compose_config
 from dpbench.errors import ConfigError, DPBenchError
-from dpbench.privacy.composition import compose_ledgers
+from dpbench.privacy.composition import compose_ledgers, composed_relation
 from dpbench.privacy.selection import exponential_mechanism
 from dpbench.tune.choices import (
     MAX_TRIALS,
@@ -181,7 +181,8 @@ def search_cell(cell: list[str], settings: TuneSettings,
         delta = next(t["delta"] for t in done)
         accountant = next(t["accountant"] for t in done)
         choice.update(search_ledger=ledger, delta=delta, accountant=accountant,
-                      trials_epsilon=compose_ledgers([ledger], delta, accountant))
+                      trials_epsilon=compose_ledgers([ledger], delta, accountant),
+                      trials_epsilon_neighbouring=composed_relation([ledger]))
     if settings.mode == "accounted":
         choice["selection_epsilon"] = float(eps_sel)
         choice["search_epsilon"] = max(choice["trials_epsilon"], float(eps_sel))

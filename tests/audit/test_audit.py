@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from dpbench.audit.bounds import epsilon_lower_bound, epsilon_lower_bound_fdp
 from dpbench.audit.cli import audit_settings, hydra_main, run_audit
 from dpbench.errors import ConfigError
 from tests.helpers.audit import audit_config
@@ -40,6 +41,13 @@ def test_audit_detects_a_broken_mechanism(broken):
     assert record["epsilon_claimed"] == pytest.approx(1.0, rel=0.02)
     assert record["epsilon_lower"] > record["epsilon_claimed"]
     assert f"break_mechanism={broken}" in record["broken_on_purpose"]  # marked in the record
+    # both bounds, from the same guesses, each with the ceiling of a perfect guesser
+    a, delta = record["audit"], record["delta"]
+    assert a["ceiling"] == epsilon_lower_bound(200, 40, 40, delta, 0.95)
+    assert a["ceiling_fdp"] == epsilon_lower_bound_fdp(200, 40, 40, delta, 0.95)
+    assert record["epsilon_lower_fdp"] == epsilon_lower_bound_fdp(200, 40, a["correct"], delta)
+    assert record["epsilon_lower_fdp"] >= record["epsilon_lower"]
+    assert record["privacy_violation"] and "epsilon_lower" in a["exceeds_claimed"]
 
 
 def test_audit_honest_twin_of_the_broken_run_stays_below(tmp_path):

@@ -83,6 +83,18 @@ def test_every_sampler_is_attacked_at_its_valid_epsilon(sampler, accountant, tmp
     assert record["epsilon_if_poisson"] < record["epsilon"]
 
 
+def test_lira_augment_queries_shifted_images(tmp_path):
+    record = run_mia(mia_config("method=dpsgd", "privacy=eps1", *TINY, "mia.lira_augment=true"),
+                     tmp_path)
+    for name in ("lira_online", "lira_offline"):
+        assert record["mia"]["attacks"][name]["augmentations"] == 5
+    with __import__("numpy").load(tmp_path / "scores.npz") as saved:
+        aug = saved["phi_pool_augmented"]
+        assert aug.shape == (3, 5, 60)
+        assert (aug[:, 0] == saved["phi_pool"]).all()  # the first copy: the images as they are
+        assert not (aug[:, 1] == saved["phi_pool"]).all()
+
+
 @pytest.mark.parametrize("override, key", [("mia.pool_size=100000", "mia.pool_size"),
                                            ("mia.attacks=[loss,foo]", "mia.attacks"),
                                            ("mia.headline=lira_online", "mia.headline"),

@@ -27,8 +27,10 @@ TABLES: dict[str, list[tuple[str, str]]] = {
          "`PrivacyLedger.record`; `run_event` (the ledger as a dp-accounting `DpEvent`), "
          "`to_json` / `from_json`"),
         ("dpbench/privacy/verify.py", "`event_epsilon` (the run's accountant on the event "
-         "alone), `event_pld_epsilon` and `pld_epsilon` (dp-accounting's generic PLD, a second "
-         "path)"),
+         "alone, read by its recorded `mechanism.convention`), `dp_accounting_epsilon` "
+         "(dp-accounting's own accountant under a relation the convention names; other pairs "
+         "refused), `event_pld_epsilon` and `pld_epsilon` (dp-accounting's generic PLD, a "
+         "second path)"),
         ("dpbench/training/sampling.py", "`poisson_loader` (Opacus's `DPDataLoader` at rate "
          "q), `training_loader` (the dispatch on `trainer.sampler`), `remaining_batches` (a "
          "resumed epoch)"),

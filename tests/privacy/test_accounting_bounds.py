@@ -64,7 +64,12 @@ def test_gdp_is_refused_with_one_line_naming_the_key():
 
 
 def test_default_accountant_is_pld():
-    assert PrivacyConfig().accountant == "pld"
+    """privacy.accountant is null by default: the sampler's own, pld for Poisson batches."""
+    from dpbench.privacy.samplers import default_accountant, settled_accountant
+
+    assert PrivacyConfig().accountant is None
+    assert settled_accountant({"accountant": None}, {}) == "pld"
+    assert default_accountant("poisson", "add_remove") == "pld"
     assert PrivacyAccountant().mechanism == "pld"
 
 

@@ -18,7 +18,14 @@ from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.calibration import RELATIVE_TOLERANCE, calibrate_noise_multiplier
 from dpbench.privacy.gap import epsilon_if_poisson, lower_bound
 from dpbench.privacy.record_check import ledger_epsilon
-from dpbench.privacy.samplers import ADD_REMOVE, REPLACE_ONE, SAMPLERS, Sampling, resolve_sampling
+from dpbench.privacy.samplers import (
+    ADD_REMOVE,
+    REPLACE_ONE,
+    SAMPLERS,
+    ZERO_OUT,
+    Sampling,
+    resolve_sampling,
+)
 from dpbench.privacy.shuffle_bound import shuffle_lower_bound
 
 DELTA = 1e-5
@@ -149,7 +156,9 @@ def test_calibration_meets_each_samplers_target(sampler, accountant):
     ("fixed_size", None, "pld", "privacy.accountant"),
     ("fixed_size", None, "prv", "privacy.accountant"),
     ("shuffle", ADD_REMOVE, "pld", "privacy.neighbouring"),
-    ("poisson", REPLACE_ONE, "pld", "privacy.neighbouring"),
+    ("fixed_size", ZERO_OUT, "rdp", "privacy.neighbouring"),
+    ("poisson", REPLACE_ONE, "rdp", "privacy.accountant"),
+    ("poisson", REPLACE_ONE, "prv", "privacy.accountant"),
     ("nope", None, "pld", "trainer.sampler"),
 ])
 def test_combinations_without_a_valid_accountant_are_refused(sampler, relation, accountant,

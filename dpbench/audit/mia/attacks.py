@@ -7,6 +7,8 @@ mask ``in_refs`` (``(R, n)``, True where the example trained that reference mode
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from scipy import stats
 from scipy.special import logsumexp
@@ -37,12 +39,15 @@ def loss_score(log_p_target: np.ndarray) -> np.ndarray:
     return np.asarray(log_p_target, dtype=np.float64)
 
 
-def gaussian_fit(values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, float]:
-    """Return (per-example mean over the masked reference values, NaN where none; one pooled
+def gaussian_fit(values: np.ndarray, mask: np.ndarray, per_example: bool = False
+                 ) -> tuple[np.ndarray, float | np.ndarray]:
+    """Return (per-example mean over the masked reference values, NaN where none; the
     standard deviation of the values about their example's mean).
 
-    The pooled ("global") variance is Carlini et al.'s choice for few shadow models
-    (2022, Sec. VI-A); it is pooled over examples with at least two values. Raises
+    The pooled ("global") variance, one number, is Carlini et al.'s choice for few shadow
+    models (2022, Sec. VI-A); it is pooled over examples with at least two values. With
+    ``per_example`` (their choice with many shadow models) each example with two or more
+    values gets its own standard deviation, the others the pooled one (an array). Raises
     ValueError if no example has two.
     """
     values, mask = np.asarray(values, np.float64), np.asarray(mask, bool)
@@ -54,7 +59,13 @@ def gaussian_fit(values: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, floa
     dof = (count - 1)[count >= 2].sum()
     if dof <= 0:
         raise ValueError("a Gaussian fit needs an example with at least two reference values")
-    return mean, float(np.sqrt(sq[count >= 2].sum() / dof))
+    pooled = float(np.sqrt(sq[count >= 2].sum() / dof))
+    if not per_example:
+        return mean, pooled
+    with np.errstate(invalid="ignore", divide="ignore"):
+        own = np.sqrt(sq / np.maximum(count - 1, 1))
+    # an example whose values all coincide (sd 0) also takes the pooled value
+    return mean, np.where((count >= 2) & (own > 0), own, pooled)
 
 
 def _fill_missing(mean: np.ndarray, other: np.ndarray, shift: float) -> np.ndarray:
@@ -63,10 +74,10 @@ def _fill_missing(mean: np.ndarray, other: np.ndarray, shift: float) -> np.ndarr
     return np.where(np.isnan(mean), other + shift, mean)
 
 
-def _in_out_fits(phi_refs: np.ndarray, in_refs: np.ndarray
-                 ) -> tuple[np.ndarray, float, np.ndarray, float]:
-    mu_in, sd_in = gaussian_fit(phi_refs, in_refs)
-    mu_out, sd_out = gaussian_fit(phi_refs, ~np.asarray(in_refs, bool))
+def _in_out_fits(phi_refs: np.ndarray, in_refs: np.ndarray, per_example: bool = False
+                 ) -> tuple[np.ndarray, Any, np.ndarray, Any]:
+    mu_in, sd_in = gaussian_fit(phi_refs, in_refs, per_example)
+    mu_out, sd_out = gaussian_fit(phi_refs, ~np.asarray(in_refs, bool), per_example)
     both = ~np.isnan(mu_in) & ~np.isnan(mu_out)
     if not both.any():
         raise ValueError("LiRA needs examples with both IN and OUT reference models")
@@ -74,22 +85,23 @@ def _in_out_fits(phi_refs: np.ndarray, in_refs: np.ndarray
     return _fill_missing(mu_in, mu_out, gap), sd_in, _fill_missing(mu_out, mu_in, -gap), sd_out
 
 
-def lira_online(phi_target: np.ndarray, phi_refs: np.ndarray, in_refs: np.ndarray
-                ) -> np.ndarray:
+def lira_online(phi_target: np.ndarray, phi_refs: np.ndarray, in_refs: np.ndarray,
+                per_example: bool = False) -> np.ndarray:
     """LiRA online (Carlini et al. 2022, Alg. 1): the log likelihood ratio
 
     Lambda = log N(phi; mu_in, sigma_in^2) - log N(phi; mu_out, sigma_out^2),
 
     with phi the target's logit-scaled confidence and the Gaussians fitted per example on the
-    reference models that did (IN) and did not (OUT) train on it (pooled variances).
+    reference models that did (IN) and did not (OUT) train on it (pooled variances, or
+    per-example ones with ``per_example``).
     """
-    mu_in, sd_in, mu_out, sd_out = _in_out_fits(phi_refs, in_refs)
+    mu_in, sd_in, mu_out, sd_out = _in_out_fits(phi_refs, in_refs, per_example)
     phi = np.asarray(phi_target, np.float64)
     return stats.norm.logpdf(phi, mu_in, sd_in) - stats.norm.logpdf(phi, mu_out, sd_out)
 
 
-def lira_offline(phi_target: np.ndarray, phi_refs: np.ndarray, in_refs: np.ndarray
-                 ) -> np.ndarray:
+def lira_offline(phi_target: np.ndarray, phi_refs: np.ndarray, in_refs: np.ndarray,
+                 per_example: bool = False) -> np.ndarray:
     """LiRA offline (Carlini et al. 2022, Alg. 1, offline line): the one-sided test
 
     Lambda = 1 - Pr[Z > phi],  Z ~ N(mu_out, sigma_out^2),
@@ -98,7 +110,7 @@ def lira_offline(phi_target: np.ndarray, phi_refs: np.ndarray, in_refs: np.ndarr
     reference values fit the Gaussian; an example with no OUT reference takes its IN mean
     moved by the average OUT - IN gap.
     """
-    _, _, mu_out, sd_out = _in_out_fits(phi_refs, in_refs)
+    _, _, mu_out, sd_out = _in_out_fits(phi_refs, in_refs, per_example)
     return -stats.norm.logsf(np.asarray(phi_target, np.float64), mu_out, sd_out)
 
 
@@ -117,24 +129,101 @@ def rmia_reference_probability(p_refs: np.ndarray, in_refs: np.ndarray, a: float
     return np.where(count > 0, 0.5 * ((1 + a) * mean_out + (1 - a)), p_refs.mean(axis=0))
 
 
+def augmented(score: Any, phi_target: np.ndarray, phi_refs: np.ndarray, in_refs: np.ndarray,
+              per_example: bool = False) -> np.ndarray:
+    """Return LiRA ``score`` averaged over query augmentations (Carlini et al. 2022,
+    Sec. VI-B): ``phi_target`` (A, n) and ``phi_refs`` (R, A, n) hold each augmentation's
+    values; each augmentation gets its own Gaussians, and the scores are averaged over A."""
+    phi_target, phi_refs = np.asarray(phi_target), np.asarray(phi_refs)
+    return np.mean([score(phi_target[a], phi_refs[:, a], in_refs, per_example)
+                    for a in range(phi_target.shape[0])], axis=0)
+
+
+def rmia_population_probability(p_refs_z: np.ndarray, a: float) -> np.ndarray:
+    """Return Pr(z) for population samples, which no reference trained on: the same offline
+    interpolation as ``rmia_reference_probability``, 1/2 ((1 + a) mean_refs p_z + (1 - a))
+    (Zarifzadeh et al. 2024, Sec. 4; the authors' code treats z like x)."""
+    return 0.5 * ((1 + a) * np.asarray(p_refs_z, np.float64).mean(0) + (1 - a))
+
+
+def _dominated_share(ratio_x: np.ndarray, ratio_z: np.ndarray, tie_break: bool) -> np.ndarray:
+    """Return the share of ``ratio_z`` at or below each ``ratio_x`` (the empirical CDF).
+
+    With ``tie_break`` the CDF is interpolated linearly between the distinct population
+    values (from (0, 0)), so that examples between the same two population samples keep
+    their order instead of sharing one of m + 1 values; it equals the exact share at every
+    population value. Above the largest population value the order is kept by a term below
+    1e-9.
+    """
+    ordered = np.sort(ratio_z)
+    exact = np.searchsorted(ordered, ratio_x, side="right") / len(ordered)
+    if not tie_break:
+        return exact
+    values, counts = np.unique(ordered, return_counts=True)
+    xp = np.concatenate([[0.0], values])
+    fp = np.concatenate([[0.0], np.cumsum(counts) / len(ordered)])
+    smooth = np.interp(ratio_x, xp, fp)
+    top = values[-1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        above = np.where(ratio_x > top, 1e-9 * (1 - top / ratio_x), 0.0)
+    return smooth + above
+
+
 def rmia(p_target_x: np.ndarray, p_refs_x: np.ndarray, in_refs_x: np.ndarray,
          p_target_z: np.ndarray, p_refs_z: np.ndarray, a: float = 0.3,
-         gamma: float = 1.0) -> np.ndarray:
+         gamma: float = 1.0, tie_break: bool = False) -> np.ndarray:
     """RMIA (Zarifzadeh et al. 2024, Sec. 3): the share of population samples z dominated by x,
 
     Score(x; theta) = Pr_z[ LR_theta(x, z) >= gamma ],
     LR_theta(x, z) = (Pr(x | theta) / Pr(x)) / (Pr(z | theta) / Pr(z)),
 
     with Pr(. | theta) the target's probability of the true label, Pr(x) from the OUT
-    references (``rmia_reference_probability``) and Pr(z) the mean over every reference
-    (population samples z train none). Counted with one sort: O((n + m) log m).
+    references (``rmia_reference_probability``) and Pr(z) from every reference, both with the
+    offline (1 + a) / 2 interpolation (population samples z train none). Counted with one
+    sort: O((n + m) log m); ``tie_break`` interpolates the count (``_dominated_share``).
     """
     ratio_x = np.asarray(p_target_x, np.float64) / rmia_reference_probability(
         p_refs_x, in_refs_x, a)
-    ratio_z = np.asarray(p_target_z, np.float64) / np.asarray(p_refs_z, np.float64).mean(0)
+    ratio_z = np.asarray(p_target_z, np.float64) / rmia_population_probability(p_refs_z, a)
     # LR >= gamma  <=>  ratio_z <= ratio_x / gamma
-    return np.searchsorted(np.sort(ratio_z), ratio_x / gamma, side="right") / len(ratio_z)
+    return _dominated_share(ratio_x / gamma, ratio_z, tie_break)
 
 
-__all__ = ["ATTACKS", "gaussian_fit", "lira_offline", "lira_online", "logit_confidence",
-           "loss_score", "rmia", "rmia_reference_probability"]
+#: the values of ``a`` that ``choose_rmia_a`` tries
+RMIA_A_GRID = tuple(round(0.1 * i, 1) for i in range(11))
+
+
+def choose_rmia_a(p_refs_x: np.ndarray, in_refs_x: np.ndarray, p_refs_z: np.ndarray,
+                  gamma: float = 1.0, grid: tuple[float, ...] = RMIA_A_GRID) -> float:
+    """Return the ``a`` of offline RMIA that attacks the reference models best (the authors'
+    procedure, Zarifzadeh et al. 2024, Sec. 4 / App. B.2: tune on a reference model).
+
+    Each reference model in turn is the pseudo-target, the other references its references
+    (the attacker trained them all and knows their halves; the real target's membership is
+    never used); ``a`` maximises the mean AUC over pseudo-targets, ties to the smaller ``a``.
+    Needs at least two reference models.
+    """
+    from sklearn.metrics import roc_auc_score
+
+    p_refs_x, in_refs_x = np.asarray(p_refs_x, np.float64), np.asarray(in_refs_x, bool)
+    k = len(p_refs_x)
+    if k < 2:
+        raise ValueError("choosing RMIA's a needs at least two reference models")
+    usable = [j for j in range(k) if in_refs_x[j].any() and (~in_refs_x[j]).any()]
+    best, best_auc = grid[0], -np.inf
+    for a in grid:
+        aucs = []
+        for j in usable:
+            rest = np.arange(k) != j
+            scores = rmia(p_refs_x[j], p_refs_x[rest], in_refs_x[rest], p_refs_z[j],
+                          p_refs_z[rest], a, gamma, tie_break=True)
+            aucs.append(roc_auc_score(in_refs_x[j], scores))
+        auc = float(np.mean(aucs)) if aucs else -np.inf
+        if auc > best_auc + 1e-12:
+            best, best_auc = a, auc
+    return float(best)
+
+
+__all__ = ["ATTACKS", "augmented", "choose_rmia_a", "gaussian_fit", "lira_offline", "lira_online",
+           "logit_confidence", "loss_score", "rmia", "rmia_population_probability",
+           "rmia_reference_probability"]

@@ -6,7 +6,12 @@ Config-driven like ``dpbench`` (``conf/mia.yaml`` = ``conf/config.yaml`` + ``con
 the targets' members against non-members with each attack (``scoring.py``) and writes
 ``results.json`` (``kind: mia``, the target's accounted epsilon and accuracy, every attack's
 metrics with intervals in the ``mia`` block, the headline attack's as ``mia_*`` fields),
-``roc.csv`` and ``roc.png``. Bad settings exit 2 before any training and leave nothing behind.
+``roc.csv``, ``roc.png`` and ``scores.npz`` (``scores_file.py``). Every attack's epsilon
+lower bound comes with its ceiling (the bound of a perfect attack at this size); a note says
+when the accounted epsilon lies above it, and a WARNING names both figures when a bound
+exceeds the accounted epsilon (flagged as ``privacy_violation`` in the record; the exit
+code stays 0, as ``dpbench-audit``'s). Bad settings exit 2 before any training and leave
+nothing behind.
 With ``trainer.resume=true`` a folder holding this very configuration's finished record (signed,
 its epsilon re-derived) is handed back without training: a rerun sweep skips finished cells.
 """
@@ -14,6 +19,7 @@ its epsilon re-derived) is handed back without training: a rerun sweep skips fin
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +39,7 @@ if TYPE_CHECKING:
 
 KIND = "mia"
 HEADER = ("| method | dataset | epsilon | accuracy | attack | AUC [95 % CI] | TPR@0.1%FPR | "
-          "TPR@1%FPR | epsilon_lower |")
+          "TPR@1%FPR | epsilon_lower | ceiling |")
 #: the headline attack's values copied to the record's top level (the report's columns)
 HEADLINE_KEYS = ("auc", "auc_low", "auc_high", "tpr_at_0p1pct_fpr", "tpr_at_0p1pct_fpr_low",
                  "tpr_at_0p1pct_fpr_high", "tpr_at_1pct_fpr", "tpr_at_1pct_fpr_low",
@@ -54,7 +60,36 @@ def headline_fields(attacks: dict[str, dict[str, Any]], headline: str) -> dict[s
     return {"mia_attack": headline,
             **{f"mia_{key}": chosen[key] for key in HEADLINE_KEYS},
             "mia_epsilon_lower": chosen["epsilon"]["epsilon_lower"],
-            "mia_epsilon_point": chosen["epsilon"]["epsilon_point"]}
+            "mia_epsilon_point": chosen["epsilon"]["epsilon_point"],
+            "mia_epsilon_ceiling": chosen["epsilon"]["ceiling"]}
+
+
+def exceeding_attacks(attacks: dict[str, dict[str, Any]], epsilon: float) -> list[str]:
+    """Return the attacks whose epsilon lower bound exceeds the accounted ``epsilon``."""
+    return [name for name, m in attacks.items() if m["epsilon"]["epsilon_lower"] > epsilon]
+
+
+def mia_messages(record: dict[str, Any]) -> list[str]:
+    """Return the notes and warnings a dpbench-mia record calls for (stderr lines).
+
+    A note when the accounted epsilon lies above the headline attack's ceiling (no
+    violation above it is detectable at this size); a WARNING per attack whose lower bound
+    exceeds the accounted epsilon, naming both figures.
+    """
+    eps, out = record["epsilon"], []
+    ceiling = record.get("mia_epsilon_ceiling")
+    if ceiling is not None and math.isfinite(eps) and eps > ceiling:
+        out.append(f"dpbench-mia: note: epsilon_lower cannot exceed {ceiling:.3g} at this size "
+                   f"({record['mia']['attacks'][record['mia_attack']]['epsilon']['evaluated']} "
+                   f"evaluated examples): this measurement cannot detect a violation above "
+                   f"{ceiling:.3g} (the accounted epsilon is {eps:.3g}); raise mia.pool_size or "
+                   "mia.targets")
+    for name in record["mia"].get("exceeds_accounted", []):
+        lower = record["mia"]["attacks"][name]["epsilon"]["epsilon_lower"]
+        out.append(f"dpbench-mia: WARNING {name} epsilon_lower = {lower:.4g} exceeds the "
+                   f"accounted epsilon {eps:.4g}: the mechanism that ran is less private than "
+                   "accounted")
+    return out
 
 
 def run_mia(cfg: DictConfig, run_dir: Path | None = None,
@@ -72,6 +107,7 @@ def mia_run(spec: RunSpec, run_dir: Path | None = None,
     its own seed (``RunSpec.with_seed``, ``experiment.build``)."""
     from dpbench.audit.mia.models import pool_and_population, train_models
     from dpbench.audit.mia.roc_files import write_roc
+    from dpbench.audit.mia.scores_file import scores_arrays, write_scores
     from dpbench.audit.mia.scoring import score_attacks
     from dpbench.audit.mia.wandb_log import log_to_wandb
     from dpbench.experiment import load_data
@@ -82,16 +118,24 @@ def mia_run(spec: RunSpec, run_dir: Path | None = None,
     pool, population = pool_and_population(load_data(cfg), settings)
     outputs = train_models(spec, settings, pool, population)
     target = outputs.summaries[0]
-    attacks, curves = score_attacks(outputs, settings, target["delta"] or 1e-5)
+    attacks, curves, scores = score_attacks(outputs, settings, target["delta"] or 1e-5)
+    exceeding = exceeding_attacks(attacks, target["epsilon"])
+    broken = ({"broken_on_purpose": f"mia.break_noise_scale={settings.break_noise_scale}: every "
+               "model's noise was drawn at this fraction of its calibrated scale while "
+               "accounting the planned epsilon (a test of the warnings; not a private run)"}
+              if settings.break_noise_scale != 1.0 else {})
     record = {**run_record(cfg, target, COMPLETED), "kind": KIND,
               **headline_fields(attacks, settings.headline),
+              "privacy_violation": bool(exceeding), **broken,
               "mia": {"settings": OmegaConf.to_container(cfg.mia, resolve=True),
                       "attacks": attacks, "models": settings.models,
                       "model_epsilons": [s["epsilon"] for s in outputs.summaries],
                       "members_per_target": [int(m.sum()) for m in
                                              outputs.members[:settings.targets]],
-                      "wall_time_s": outputs.wall_time_s}}
+                      "wall_time_s": outputs.wall_time_s,
+                      "exceeds_accounted": exceeding}}
     if run_dir is not None:
+        write_scores(run_dir, scores_arrays(outputs, settings.targets, scores))
         write_roc(run_dir, curves, {a: m["auc"] for a, m in attacks.items()},
                   f"{cfg.method.name} {cfg.privacy.name} seed {cfg.seed}")
         write_record(run_dir, record)
@@ -125,7 +169,13 @@ def table_row(record: dict[str, Any]) -> str:
             f"{record['metrics'].get('accuracy', float('nan')):.3f} | {record['mia_attack']} | "
             f"{record['mia_auc']:.3f} [{record['mia_auc_low']:.3f}, "
             f"{record['mia_auc_high']:.3f}] | {record['mia_tpr_at_0p1pct_fpr']:.4f} | "
-            f"{record['mia_tpr_at_1pct_fpr']:.4f} | {record['mia_epsilon_lower']:.3f} |")
+            f"{record['mia_tpr_at_1pct_fpr']:.4f} | {record['mia_epsilon_lower']:.3f} | "
+            f"{_ceiling(record)} |")
+
+
+def _ceiling(record: dict[str, Any]) -> str:
+    ceiling = record.get("mia_epsilon_ceiling")
+    return "" if ceiling is None else f"{ceiling:.3f}"
 
 
 @hydra_entry("mia")
@@ -143,6 +193,8 @@ def hydra_main(cfg: DictConfig) -> None:
     record = run_locked("dpbench-mia", cfg, check_mia_folder, work)
     print(HEADER)
     print(table_row(record))
+    for line in mia_messages(record):
+        print(line, file=sys.stderr)
 
 
 def main() -> None:

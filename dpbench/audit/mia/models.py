@@ -18,12 +18,17 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from dpbench.audit.broken import noise_scaled
 from dpbench.audit.mia.settings import MIASettings
 from dpbench.audit.mia.split import memberships, model_seed
 from dpbench.data.base import TaskData, subset_indices
 from dpbench.errors import ConfigError
 from dpbench.spec import RunSpec
 from dpbench.training.loop import Trainer
+
+#: tasks whose models give per-example class log-probabilities on (x, y, ...) batches; fair
+#: classification's test batches carry the group as a third tensor, which scoring ignores
+ATTACKABLE_TASKS = ("classification", "fair_classification")
 
 
 @dataclass
@@ -34,31 +39,58 @@ class ModelOutputs:
     log_p_pool: np.ndarray  # (K, n) log f_k(x_i)_{y_i}
     phi_pool: np.ndarray  # (K, n) logit-scaled confidence
     log_p_population: np.ndarray  # (K, m) on the population samples z (test split)
+    #: (K, A, n) phi on the pool's shifted copies (``SHIFTS``; index 0 the image as it is),
+    #: with ``mia.lira_augment``; None otherwise
+    phi_pool_augmented: np.ndarray | None = None
     summaries: list[dict[str, Any]] = field(default_factory=list)  # each model's run summary
     wall_time_s: float = 0.0
 
 
-def _outputs(trainer: Trainer, dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
-    """Return (log p_y, phi) of ``trainer``'s model on ``dataset``."""
+#: LiRA's query augmentations for image inputs (Carlini et al. 2022, Sec. VI-B: the query
+#: and its shifted copies): (rows, columns) shifts, zero-filled; the first is the identity
+SHIFTS = ((0, 0), (0, 1), (0, -1), (1, 0), (-1, 0))
+
+
+def shift_images(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Return ``x`` (..., H, W) moved by ``rows`` down and ``cols`` right, zero-filled (a
+    translation without wrap-around)."""
+    out = torch.zeros_like(x)
+    h, w = x.shape[-2:]
+    dst_r, src_r = slice(max(rows, 0), h + min(rows, 0)), slice(max(-rows, 0), h - max(rows, 0))
+    dst_c, src_c = slice(max(cols, 0), w + min(cols, 0)), slice(max(-cols, 0), w - max(cols, 0))
+    out[..., dst_r, dst_c] = x[..., src_r, src_c]
+    return out
+
+
+def _outputs(trainer: Trainer, dataset: Dataset, shift: tuple[int, int] = (0, 0)
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Return (log p_y, phi) of ``trainer``'s model on ``dataset`` (its images shifted by
+    ``shift``)."""
     from dpbench.audit.mia.attacks import logit_confidence
 
     loader = DataLoader(dataset, batch_size=trainer.settings.eval_batch_size)
+    predict = None if shift == (0, 0) else (
+        lambda x: trainer.task.predict_log_proba(trainer.model, shift_images(x, *shift)))
     log_probs, labels, _ = trainer.task.collect_predictions(trainer.model, loader,
-                                                            trainer.device)
+                                                            trainer.device, predict)
     lp, y = log_probs.double().numpy(), labels.numpy()
     return lp[np.arange(len(y)), y], logit_confidence(lp, y)
 
 
 class _OnHalf:
-    """``make_trainer`` for ``experiment.build``: the Trainer with its training set replaced."""
+    """``make_trainer`` for ``experiment.build``: the Trainer with its training set replaced
+    (and, in tests only, its noise reduced: ``noise_scale`` below 1)."""
 
-    def __init__(self, train: Dataset) -> None:
-        self.train = train
+    def __init__(self, train: Dataset, noise_scale: float = 1.0) -> None:
+        self.train, self.noise_scale = train, noise_scale
         self.data: TaskData | None = None
 
     def __call__(self, *, data: TaskData, **kwargs: Any) -> Trainer:
-        if data.task != "classification":
-            raise ConfigError(f"dpbench-mia attacks classification models (dataset "
+        if self.noise_scale != 1.0:  # TESTS ONLY
+            kwargs["method"] = noise_scaled(kwargs["method"], self.noise_scale)
+        if data.task not in ATTACKABLE_TASKS:
+            tasks = ", ".join(ATTACKABLE_TASKS)
+            raise ConfigError(f"dpbench-mia attacks classification models ({tasks}; dataset "
                               f"{data.name!r} is a {data.task!r} task)")
         self.data = TaskData(name=data.name, task=data.task, train=self.train, test=data.test,
                              num_classes=data.num_classes, input_shape=data.input_shape,
@@ -81,6 +113,9 @@ def pool_and_population(data: TaskData, settings: MIASettings) -> tuple[Dataset,
     if settings.population_size > m:
         raise ConfigError(f"mia.population_size={settings.population_size} exceeds the {m} "
                           f"test examples of {data.name}")
+    if settings.lira_augment and len(data.input_shape or ()) != 3:
+        raise ConfigError(f"mia.lira_augment shifts images: {data.name} has inputs of shape "
+                          f"{tuple(data.input_shape or ())}")
     return (Subset(data.train, subset_indices(n, settings.pool_size).tolist()),
             Subset(data.test, subset_indices(m, settings.population_size).tolist()))
 
@@ -92,11 +127,11 @@ def train_models(spec: RunSpec, settings: MIASettings, pool: Dataset,
 
     total = settings.models
     masks = memberships(settings.seed, total, len(pool))  # type: ignore[arg-type]
-    rows: dict[str, list[np.ndarray]] = {"lp": [], "phi": [], "lz": []}
+    rows: dict[str, list[np.ndarray]] = {"lp": [], "phi": [], "lz": [], "aug": []}
     summaries, start = [], time.perf_counter()
     for k in range(total):
         trainer = build(spec.with_seed(model_seed(settings.seed, k)), None, make_trainer=_OnHalf(
-            Subset(pool, np.flatnonzero(masks[k]).tolist())))
+            Subset(pool, np.flatnonzero(masks[k]).tolist()), settings.break_noise_scale))
         summaries.append(trainer.fit())
         with torch.no_grad():
             lp, phi = _outputs(trainer, pool)
@@ -104,10 +139,15 @@ def train_models(spec: RunSpec, settings: MIASettings, pool: Dataset,
         rows["lp"].append(lp)
         rows["phi"].append(phi)
         rows["lz"].append(lz)
+        if settings.lira_augment:
+            with torch.no_grad():
+                rows["aug"].append(np.stack([phi] + [_outputs(trainer, pool, s)[1]
+                                                     for s in SHIFTS[1:]]))
         elapsed = time.perf_counter() - start
         role = "target" if k < settings.targets else "reference"
         print(f"dpbench-mia: model {k + 1}/{total} ({role}) trained, {elapsed:.1f} s elapsed, "
               f"ETA {elapsed / (k + 1) * (total - k - 1):.1f} s", file=sys.stderr, flush=True)
     return ModelOutputs(members=masks, log_p_pool=np.stack(rows["lp"]),
                         phi_pool=np.stack(rows["phi"]), log_p_population=np.stack(rows["lz"]),
+                        phi_pool_augmented=np.stack(rows["aug"]) if rows["aug"] else None,
                         summaries=summaries, wall_time_s=time.perf_counter() - start)

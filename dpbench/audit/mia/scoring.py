@@ -6,47 +6,80 @@ from typing import Any
 
 import numpy as np
 
-from dpbench.audit.mia.attacks import lira_offline, lira_online, loss_score, rmia
+from dpbench.audit.mia.attacks import (
+    augmented,
+    choose_rmia_a,
+    lira_offline,
+    lira_online,
+    loss_score,
+    rmia,
+)
 from dpbench.audit.mia.metrics import attack_metrics, roc
 from dpbench.audit.mia.models import ModelOutputs
 from dpbench.audit.mia.settings import MIASettings
 from dpbench.utils.seeding import stream_seed
 
 
-def target_scores(out: ModelOutputs, target: int, attack: str, settings: MIASettings
-                  ) -> np.ndarray:
-    """Return the scores of ``attack`` on the pool for model ``target`` (leave-one-out)."""
+def rmia_a(out: ModelOutputs, target: int, settings: MIASettings) -> float:
+    """Return RMIA's ``a`` for ``target``: the setting, or (auto) chosen on its reference
+    models alone (``choose_rmia_a``)."""
+    if settings.rmia_a != "auto":
+        return float(settings.rmia_a)
+    refs = np.arange(len(out.members)) != target
+    return choose_rmia_a(np.exp(out.log_p_pool[refs]), out.members[refs],
+                         np.exp(out.log_p_population[refs]), settings.rmia_gamma)
+
+
+def target_scores(out: ModelOutputs, target: int, attack: str, settings: MIASettings,
+                  a: float | None = None) -> np.ndarray:
+    """Return the scores of ``attack`` on the pool for model ``target`` (leave-one-out);
+    ``a`` is RMIA's (``rmia_a`` when None)."""
     refs = np.arange(len(out.members)) != target
     in_refs = out.members[refs]
+    wide = settings.lira_per_example
     if attack == "loss":
         return loss_score(out.log_p_pool[target])
-    if attack == "lira_online":
-        return lira_online(out.phi_pool[target], out.phi_pool[refs], in_refs)
-    if attack == "lira_offline":
-        return lira_offline(out.phi_pool[target], out.phi_pool[refs], in_refs)
+    if attack.startswith("lira"):
+        score = lira_online if attack == "lira_online" else lira_offline
+        if out.phi_pool_augmented is not None:  # mia.lira_augment
+            aug = out.phi_pool_augmented
+            return augmented(score, aug[target], aug[refs], in_refs, wide)
+        return score(out.phi_pool[target], out.phi_pool[refs], in_refs, wide)
     if attack == "rmia":
         p_x, p_z = np.exp(out.log_p_pool), np.exp(out.log_p_population)
         return rmia(p_x[target], p_x[refs], in_refs, p_z[target], p_z[refs],
-                    settings.rmia_a, settings.rmia_gamma)
+                    rmia_a(out, target, settings) if a is None else a, settings.rmia_gamma,
+                    settings.rmia_tie_break)
     raise ValueError(f"unknown attack {attack!r}")
 
 
 def score_attacks(out: ModelOutputs, settings: MIASettings, delta: float
-                  ) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[np.ndarray,
-                                                                        np.ndarray]]]:
-    """Return ({attack: metrics}, {attack: (fpr, tpr)}) over the targets' pooled examples.
+                  ) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[np.ndarray, np.ndarray]],
+                             dict[str, np.ndarray]]:
+    """Return ({attack: metrics}, {attack: (fpr, tpr)}, {attack: scores}) over the targets'
+    pooled examples (scores: target 0's pool, then target 1's, ...).
 
     The targets' (score, member) pairs are pooled (Carlini et al. 2022 pool over targets);
     the bootstrap and the threshold halves draw from stream ``mia_metrics``.
     """
     members = np.concatenate([out.members[t] for t in range(settings.targets)])
-    results, curves = {}, {}
+    results, curves, all_scores = {}, {}, {}
     for i, attack in enumerate(settings.attacks):
-        scores = np.concatenate([target_scores(out, t, attack, settings)
+        chosen = ([rmia_a(out, t, settings) for t in range(settings.targets)]
+                  if attack == "rmia" else [None] * settings.targets)
+        scores = np.concatenate([target_scores(out, t, attack, settings, chosen[t])
                                  for t in range(settings.targets)])
         rng = np.random.default_rng(stream_seed(settings.seed, "mia_metrics", i))
         results[attack] = attack_metrics(scores, members, delta=delta,
                                          confidence=settings.confidence,
                                          reps=settings.bootstrap, rng=rng)
+        if attack == "rmia":
+            results[attack]["a"] = chosen  # per target
+        if attack.startswith("lira"):
+            results[attack]["variance"] = ("per_example" if settings.lira_per_example
+                                           else "global")
+            results[attack]["augmentations"] = (1 if out.phi_pool_augmented is None
+                                                else int(out.phi_pool_augmented.shape[1]))
         curves[attack] = roc(scores, members)
-    return results, curves
+        all_scores[attack] = scores
+    return results, curves, all_scores
