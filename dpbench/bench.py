@@ -108,19 +108,20 @@ def dpbench_step(model, mode: str, batch, device, collective: Collective | None 
     with ``collective``, ``batch`` is this rank's slice of a batch of ``expected_batch_size``."""
     task = _task(batch)
     engine = build_engine(model, mode)
-    method = get_method("dpsgd")(optimizer=lambda p: torch.optim.SGD(p, lr=1e-3))
-    method.params, method.optimizer = engine.params, torch.optim.SGD(engine.params, lr=1e-3)
+    halves = get_method("dpsgd").configured(lambda p: torch.optim.SGD(p, lr=1e-3)).halves()
+    update = halves.update
+    update.params, update.optimizer = engine.params, torch.optim.SGD(engine.params, lr=1e-3)
     gen = torch.Generator(device=device).manual_seed(0)
     size = expected_batch_size or batch[0].shape[0]
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=1.0,
                       expected_batch_size=float(size), sample_rate=0.01,
                       dataset_size=int(size) * 100, total_steps=1)
-    plan = plan_at(method, 1.0, float(size))
+    plan = plan_at(halves.mechanism, 1.0, float(size))
 
     def step() -> None:
-        release = private_release(method, engine, task, batch, ctx, plan, None, noise=gen,
-                                  collective=collective)
-        method.update(release.grads, ctx)
+        release = private_release(halves.mechanism, engine, task, batch, ctx, plan, None,
+                                  noise=gen, collective=collective)
+        update.update(release.grads, ctx)
     return step
 
 
@@ -138,25 +139,25 @@ def _method_step(model, method_name: str, mode: str, batch, device) -> Callable[
     task = _task(batch)
     engine = build_engine(model, mode)
     node = OmegaConf.load(os.path.join(CONF_DIR, "method", f"{method_name}.yaml")).optimizer
-    method = get_method(method_name)(optimizer=instantiate(node))
+    halves = get_method(method_name).configured(instantiate(node)).halves()
     size = batch[0].shape[0]
     info = RunInfo(dataset_size=size * 100, expected_batch_size=float(size), sample_rate=0.01,
                    total_steps=100, noise_multiplier=1.0, clip_norm=1.0, private=True,
                    task="classification",
                    device=device)
-    method.setup(engine.params, info)
+    halves.setup(engine.params, info)
     gen = torch.Generator(device=device).manual_seed(0)
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=1.0,
                       expected_batch_size=float(size), sample_rate=0.01,
                       dataset_size=size * 100, total_steps=100)
-    plan = plan_at(method, 1.0, float(size))
-    ctx.noise_std = plan.released_noise_std(method.sensitivity(ctx))
-    shaper = method.noise_shaper(info)
+    plan = plan_at(halves.mechanism, 1.0, float(size))
+    ctx.noise_std = plan.released_noise_std(halves.mechanism.sensitivity(ctx))
+    shaper = halves.mechanism.noise_shaper(info)
 
     def step() -> None:
-        release = private_release(method, engine, task, batch, ctx, plan, None, shaper,
-                                  noise=gen)
-        apply_release(method, engine.params, release, ctx, skip=False)
+        release = private_release(halves.mechanism, engine, task, batch, ctx, plan, None,
+                                  shaper, noise=gen)
+        apply_release(halves, engine.params, release, ctx, skip=False)
         ctx.step += 1
     return step
 

@@ -27,9 +27,8 @@ log = logging.getLogger(__name__)
 
 def build_method(cfg: DictConfig):
     """Return the method of a checked config (``spec.build_spec`` checked its optimiser)."""
-    method_cls = get_method(cfg.method.name)
-    optimizer = instantiate(cfg.method.optimizer)
-    return method_cls(optimizer=optimizer, **settings_of(cfg.method.get("settings")))
+    return get_method(cfg.method.name).configured(instantiate(cfg.method.optimizer),
+                                                  **settings_of(cfg.method.get("settings")))
 
 
 def select_evaluation_split(data: TaskData, evaluation: Any) -> TaskData:

@@ -31,9 +31,10 @@ class Registry(Generic[T]):
     def __init__(self, kind: str, entry_point_group: str | None = None,
                  builtin_package: str | None = None, config_group: str | None = None,
                  framework_keys: tuple[str, ...] = (),
-                 check: Callable[[Any], None] | None = None) -> None:
+                 check: Callable[[str, Any], None] | None = None) -> None:
         self.kind = kind
-        #: called on every entry before it is registered (built-in or plug-in); raises to refuse
+        #: ``check(name, entry)``, called on every entry before it is registered (built-in or
+        #: plug-in); raises to refuse
         self.check = check
         self.entry_point_group = entry_point_group
         self.builtin_package = builtin_package
@@ -55,7 +56,7 @@ class Registry(Generic[T]):
 
         def decorator(obj: T) -> T:
             if self.check is not None:
-                self.check(obj)
+                self.check(name, obj)
             known = self._entries.get(name)
             if known is not None and known is not obj and getattr(
                     known, "__wrapped__", None) is not obj:

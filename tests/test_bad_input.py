@@ -100,11 +100,8 @@ def test_adaptive_clipping_needs_sigma_below_twice_sigma_b(monkeypatch, tmp_path
 
 
 def test_method_on_a_task_it_does_not_support(monkeypatch, tmp_path, capfd):
-    class TimeSeriesOnly(DPMethod):
-        name = "timeseries_only"
-        tasks = frozenset({"timeseries"})
-
-    monkeypatch.setitem(METHODS._entries, "timeseries_only", TimeSeriesOnly)
+    only = DPMethod("timeseries_only", tasks=frozenset({"timeseries"}))
+    monkeypatch.setitem(METHODS._entries, "timeseries_only", only)
     code, output, run_dir = _run(monkeypatch, tmp_path,
                                  ["method=plugin", "method.name=timeseries_only"], capfd)
     _assert_rejected(code, output, run_dir, DPBENCH,

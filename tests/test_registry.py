@@ -15,7 +15,7 @@ from tests.helpers.config import compose_config, run_config
 def test_duplicate_name_is_rejected():
     method_names()  # built-ins loaded
     with pytest.raises(ValueError, match="already registered"):
-        register_method("dpsgd")(type("Other", (DPMethod,), {}))
+        register_method(DPMethod("dpsgd"))
 
 
 def test_unknown_name_lists_known():
@@ -37,21 +37,20 @@ def test_third_party_method_via_entry_point(tmp_path, monkeypatch):
             def postprocess(self, grads, ctx):
                 return [0.5 * g for g in grads]
 
-        class HalfStep(DPMethod):
-            """DP-SGD whose update halves the released gradient."""
-            update_cls = HalfUpdate
+        #: DP-SGD whose update halves the released gradient
+        HALF_STEP = DPMethod("toy_half", update_cls=HalfUpdate)
     '''))
     dist = tmp_path / "toy_dpbench_plugin-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-dpbench-plugin\n"
                                    "Version: 0.1\n")
     (dist / "entry_points.txt").write_text(
-        "[dpbench.methods]\ntoy_half = toy_dpbench_plugin:HalfStep\n")
+        "[dpbench.methods]\ntoy_half = toy_dpbench_plugin:HALF_STEP\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(METHODS, "_plugins_loaded", False)
     try:
-        cls = get_method("toy_half")
-        assert cls.__name__ == "HalfStep" and "toy_half" in method_names()
+        method = get_method("toy_half")
+        assert method.update_cls.__name__ == "HalfUpdate" and "toy_half" in method_names()
         cfg = compose_config("method=plugin", "method.name=toy_half", "trainer.epochs=1")
         result = run_config(cfg)
         assert result["epsilon"] <= 3.0 and result["method_summary"]

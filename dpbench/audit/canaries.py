@@ -12,10 +12,10 @@ k- "excluded".
 
 ``break_mechanism`` (tests only) makes the loop release without noise or without clipping while
 still *claiming* the planned epsilon: the audit must then report epsilon_lower > claimed.
-``noise`` wraps the method (``BrokenMechanism``: its noise shaped to zero); ``clipping`` makes
-the audit's engine wrapper sum the unclipped gradients while reporting the honest clip factors
-to the loop's sensitivity check, which stays on (the loop has no switch to turn it off). Such
-a run's results.json says so under ``broken_on_purpose``. Nothing is patched at run time. The
+The broken mechanisms are wrappers in ``audit/broken.py`` (``noise``: the mechanism class
+wrapped; ``clipping``: the canary engine wrapper sums unclipped gradients), marked in the
+method's record and in results.json under ``broken_on_purpose``. Nothing is patched at run
+time. The
 audit is the loop's callback plus an engine wrapper (``CanaryAudit``), built by ``CanaryRun``.
 
 Power: with m canaries and r guesses, the largest epsilon_lower the audit can certify is at
@@ -52,17 +52,17 @@ from dpbench.audit.bounds import (
     reachable_power,
     unsampled_probability,
 )
+from dpbench.audit.broken import BREAKS, broken, unclipped_sum
 from dpbench.errors import ConfigError
+from dpbench.methods.context import Released
 from dpbench.privacy import PrivacyAccountant
 from dpbench.privacy.plan import PrivacyPlan
 from dpbench.training.engine.materialised import clip_materialised
 from dpbench.training.engine.protocol import ClippedSum
-from dpbench.training.loop import Callback, Trainer, run_plan
-from dpbench.training.step import Release
+from dpbench.training.loop import Callback, LoopView, Trainer, run_plan
 from dpbench.utils.seeding import stream_generator
 
 log = logging.getLogger(__name__)
-BREAKS = ("none", "noise", "clipping")
 AUTO = "auto"
 #: most canaries (and guesses) an audit may set: each is a gradient added at every step
 MAX_CANARIES = 1_000_000
@@ -141,26 +141,6 @@ def planned_epsilon(plan: PrivacyPlan) -> float:
     return acc.get_epsilon(plan.delta)
 
 
-class BrokenMechanism:
-    """TESTS ONLY: the method with its noise removed (``audit.break_mechanism=noise``).
-
-    Every other attribute is the wrapped method's, so the loop runs unchanged and still
-    accounts the planned mechanism (the noise is drawn at the planned scale, then shaped to
-    zero): the audit must catch the difference. The run's record says ``broken_on_purpose``.
-    """
-
-    def __init__(self, method: Any) -> None:
-        self.method = method
-
-    def noise_shaper(self, info: Any) -> Any:
-        return _ZeroNoise()
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "method":
-            raise AttributeError(name)
-        return getattr(self.method, name)
-
-
 class CanaryModel(nn.Module):
     """The audited model plus one weight per canary that the data never moves.
 
@@ -209,16 +189,13 @@ class CanaryGradients:
         self.canary_param, self.norm = canary_param, norm
         self.active: list[int] = []  # canaries in this step's sample
         #: TESTS ONLY (``audit.break_mechanism=clipping``): sum the unclipped gradients and
-        #: hand the loop's check the factors it asked for (a mechanism that lies to it)
+        #: hand the loop's check the factors it asked for (``broken.unclipped_sum``)
         self.unclipped = unclipped
 
     def clipped_sum(self, loss_fn, batch, points, factors_fn, observe=None) -> ClippedSum:
-        if not self.unclipped:
-            return clip_materialised(self.per_example, self.params, self.engine.names,
-                                     loss_fn, batch, points, factors_fn, observe)
-        out = clip_materialised(self.per_example, self.params, self.engine.names, loss_fn,
-                                batch, points, torch.ones_like, observe)
-        return out._replace(factors=factors_fn(out.norms) * out.kept.to(out.norms.device))
+        clipped_sum = unclipped_sum if self.unclipped else clip_materialised
+        return clipped_sum(self.per_example, self.params, self.engine.names, loss_fn, batch,
+                           points, factors_fn, observe)
 
     def per_example(self, loss_fn, batch) -> tuple[list[torch.Tensor], torch.Tensor]:
         grads, losses = self.engine.per_example(loss_fn, batch)
@@ -234,19 +211,6 @@ class CanaryGradients:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
-
-
-class _ZeroNoise:
-    """TESTS ONLY: the noise shape of a mechanism broken by ``noise`` (nothing released)."""
-
-    def __call__(self, noise: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [torch.zeros_like(n) for n in noise]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any], device: Any = None) -> None:
-        pass
 
 
 class CanaryAudit(Callback):
@@ -275,17 +239,17 @@ class CanaryAudit(Callback):
         self.engine = CanaryGradients(engine, index, self.canary_norm, self.unclipped)
         return self.engine
 
-    def on_step_start(self, trainer: Trainer) -> None:
-        b = trainer.plan.bands  # canaries are sampled like data: cyclic Poisson when b > 1
+    def on_step_start(self, view: LoopView) -> None:
+        b = view.plan.bands  # canaries are sampled like data: cyclic Poisson when b > 1
         sampled = torch.rand(len(self.included), generator=self.sampler) < (
-            b * trainer.plan.sample_rate)
+            b * view.plan.sample_rate)
         if b > 1:  # canary i lives in partition i mod b, sampled only on its steps
-            sampled &= torch.arange(len(self.included)) % b == trainer.step % b
+            sampled &= torch.arange(len(self.included)) % b == view.step % b
         self.engine.active = torch.nonzero(self.included & sampled).flatten().tolist()
 
-    def on_release(self, trainer: Trainer, release: Release) -> None:
+    def on_release(self, view: LoopView, released: Released) -> None:
         self.engine.active = []
-        grads = release.grads[self.engine.canary_param]
+        grads = released.grads[self.engine.canary_param]
         self.scores += grads.detach().reshape(-1).double().cpu()
 
     def outcome(self, summary: dict[str, Any], delta: float) -> dict[str, Any]:
@@ -317,14 +281,14 @@ class CanaryAudit(Callback):
         audit["exceeds_claimed"] = [name for name, value in (("epsilon_lower", lower),
                                                              ("epsilon_lower_fdp", lower_fdp))
                                     if value > summary["epsilon"]]
-        broken = ({"broken_on_purpose": f"audit.break_mechanism={a.break_mechanism}: the "
-                   "release ran without its " + a.break_mechanism + " while claiming the "
-                   "planned epsilon (a test of the audit; not a private run)"}
-                  if a.break_mechanism != "none" else {})
+        summary = dict(summary)  # the record's mark (broken.broken) last, as the audit's
+        mark = summary.pop("broken_on_purpose", None)
+        broken_mark = {"broken_on_purpose": mark} if mark is not None else {}
         return {**summary, "epsilon_claimed": summary["epsilon"], "epsilon_lower": lower,
                 "epsilon_lower_fdp": lower_fdp, "audit_power": power,
                 "audit_ceiling": ceiling, "audit_ceiling_fdp": ceiling_fdp,
-                "privacy_violation": bool(audit["exceeds_claimed"]), "audit": audit, **broken}
+                "privacy_violation": bool(audit["exceeds_claimed"]), "audit": audit,
+                **broken_mark}
 
 
 class CanaryRun:
@@ -352,8 +316,7 @@ class CanaryRun:
         audit = self.settings.sized(planned_epsilon(plan), plan.delta, unsampled)
         canary_model = CanaryModel(model, audit.canaries)
         self.canaries = CanaryAudit(audit, unsampled, canary_model, privacy.clip_norm)
-        if audit.break_mechanism == "noise":
-            method = BrokenMechanism(method)
+        method = broken(method, audit.break_mechanism)  # TESTS ONLY; "none": itself
         self.trainer = Trainer(
             method=method, model=canary_model, privacy=privacy, data=data,
             # canaries join the one physical batch

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from dpbench.errors import ConfigError
 from dpbench.privacy.accountant import check_accountant
@@ -234,4 +235,8 @@ def register_schemas() -> None:
     cs.store(group="privacy", name="privacy_schema", node=PrivacyConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
     for name in METHODS.builtin_names():  # no entry point imported (plugins: method=plugin)
-        cs.store(group="method/settings", name=name, node=METHODS.get(name).settings_cls)
+        # typed by the method's frozen dataclass, but open to overrides while composing (a
+        # frozen dataclass's node is read-only); the run's settings are the frozen instance
+        node = OmegaConf.structured(METHODS.get(name).settings_cls)
+        OmegaConf.set_readonly(node, False)
+        cs.store(group="method/settings", name=name, node=node)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dpbench.training.loop import Callback, Trainer
+from dpbench.training.loop import Callback, LoopView
 from dpbench.utils.io import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class ReliabilityDiagram(Callback):
     def __init__(self, run_dir: str | Path, title: str = "") -> None:
         self.run_dir, self.title = Path(run_dir), title
 
-    def on_run_end(self, trainer: Trainer, result: dict[str, Any]) -> None:
+    def on_run_end(self, view: LoopView, result: dict[str, Any]) -> None:
         m = result.get("metrics", {})
         if not all(f"reliability_{k}" in m for k in ("confidence", "accuracy", "count")):
             return

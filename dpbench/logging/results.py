@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from dpbench.logging.records import COMPLETED, RUNNING, base_record, write_record
 from dpbench.privacy.composition import composed_relation
 from dpbench.privacy.selection import search_and_run_epsilon
-from dpbench.training.loop import Callback, Trainer
+from dpbench.training.loop import Callback, LoopView
 
 
 def run_record(cfg: DictConfig, summary: dict[str, Any], status: str,
@@ -38,6 +38,8 @@ def run_record(cfg: DictConfig, summary: dict[str, Any], status: str,
 class ResultsStore(Callback):
     """Writes results.json after every epoch (status ``running``) and at the end."""
 
+    needs_record = True  # the loop hands the record so far at each epoch's end
+
     def __init__(self, cfg: DictConfig, run_dir: Path) -> None:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self._base: dict[str, Any] | None = None  # the config's fields, resolved once a run
@@ -47,9 +49,9 @@ class ResultsStore(Callback):
             self._base = base_record(self.cfg)
         return run_record(self.cfg, summary, status, self._base)
 
-    def on_epoch_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
-        if trainer.epoch < trainer.settings.epochs:
-            write_record(self.run_dir, self._record(trainer.summary(), RUNNING))
+    def on_epoch_end(self, view: LoopView, metrics: dict[str, Any]) -> None:
+        if view.epoch < view.settings.epochs:
+            write_record(self.run_dir, self._record(dict(view.record), RUNNING))
 
-    def on_run_end(self, trainer: Trainer, result: dict[str, Any]) -> None:
+    def on_run_end(self, view: LoopView, result: dict[str, Any]) -> None:
         write_record(self.run_dir, self._record(result, COMPLETED))

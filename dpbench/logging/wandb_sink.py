@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.training.loop import Callback, Trainer
+from dpbench.training.loop import Callback, LoopView
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class WandbSink(Callback):
         self.cfg, self.name = cfg, name
         self.run = None
 
-    def on_run_start(self, trainer: Trainer) -> None:
+    def on_run_start(self, view: LoopView) -> None:
         os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
@@ -47,15 +47,15 @@ class WandbSink(Callback):
         self.run = wandb.init(
             mode=self.mode, project=self.project, entity=self.entity, group=self.group,
             name=self.name, dir=str(self.run_dir) if self.run_dir else None, config=config,
-            resume="allow" if trainer.settings.resume else None,
+            resume="allow" if view.settings.resume else None,
             reinit="finish_previous",
         )
-        self.run.config.update({"noise_multiplier": trainer.plan.noise_multiplier,
-                                "sample_rate": trainer.plan.sample_rate,
-                                "planned_steps": trainer.plan.total_steps},
+        self.run.config.update({"noise_multiplier": view.plan.noise_multiplier,
+                                "sample_rate": view.plan.sample_rate,
+                                "planned_steps": view.plan.total_steps},
                                allow_val_change=True)
 
-    def on_step_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
+    def on_step_end(self, view: LoopView, metrics: dict[str, float]) -> None:
         if self.run is not None:
             logged = {f"train/{k}": v for k, v in metrics.items()
                       if isinstance(v, (int, float)) and not math.isnan(v)}
@@ -63,14 +63,14 @@ class WandbSink(Callback):
                 logged.update({f"unprivatised/{k}": v
                                for k, v in metrics.get("unprivatised", {}).items()
                                if isinstance(v, (int, float)) and not math.isnan(v)})
-            self.run.log(logged, step=trainer.step)
+            self.run.log(logged, step=view.step)
 
-    def on_epoch_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def on_epoch_end(self, view: LoopView, metrics: dict[str, Any]) -> None:
         if self.run is not None:
             flat = {f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}
-            self.run.log(flat, step=trainer.step)
+            self.run.log(flat, step=view.step)
 
-    def on_run_end(self, trainer: Trainer, result: dict[str, Any]) -> None:
+    def on_run_end(self, view: LoopView, result: dict[str, Any]) -> None:
         if self.run is None:
             return
         for k, v in result["metrics"].items():

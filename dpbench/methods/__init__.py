@@ -1,9 +1,10 @@
-"""Method registry: ``@register_method("name")`` plus the entry-point group ``dpbench.methods``.
+"""Method registry: ``register_method(DPMethod(...))`` plus the entry-point group
+``dpbench.methods``.
 
 Every module in this package is imported on first lookup, so a built-in method is one module
-here (its mechanism, its update and the ``DPMethod`` that pairs them) plus
-``conf/method/<name>.yaml``. Outside packages register through the entry-point group (see
-docs/adding-a-method.md).
+here (its settings dataclass, its mechanism, its update and the ``DPMethod`` record that names
+them) plus ``conf/method/<name>.yaml``. Outside packages register a ``DPMethod`` record through
+the entry-point group (see docs/adding-a-method.md).
 """
 
 from __future__ import annotations
@@ -12,29 +13,36 @@ from dpbench.methods.base import (
     DPMethod,
     EvalPoint,
     ExtraQuery,
+    Halves,
     Mechanism,
     RunInfo,
     StepContext,
     Update,
-    check_pair,
 )
 from dpbench.registry import Registry
 
 
-def check_method(cls: type) -> None:
-    """Refuse a method class (or any class it inherits from) that defines a hook outside its
-    mechanism and update (``check_pair``): hooks set on the class after it was created too."""
-    for klass in cls.__mro__:
-        if klass not in (DPMethod, object):
-            check_pair(klass)
+def check_method(name: str, method: object) -> None:
+    """Refuse an entry that is not a ``DPMethod`` record, or one registered under a name other
+    than its own (a method's name is spelled once, in its record)."""
+    if not isinstance(method, DPMethod):
+        raise TypeError(f"method {name!r}: a method is a DPMethod record (got "
+                        f"{type(method).__name__})")
+    if method.name != name:
+        raise TypeError(f"method {name!r}: its record is named {method.name!r}")
 
 
-METHODS: Registry[type[DPMethod]] = Registry(
+METHODS: Registry[DPMethod] = Registry(
     "method", entry_point_group="dpbench.methods", builtin_package=__name__,
     check=check_method)
-register_method = METHODS.register
 get_method = METHODS.get
 method_names = METHODS.names
 
-__all__ = ["DPMethod", "EvalPoint", "ExtraQuery", "METHODS", "Mechanism", "RunInfo",
+
+def register_method(method: DPMethod) -> DPMethod:
+    """Register ``method`` under its own name (a duplicate name is refused); return it."""
+    return METHODS.register(method.name)(method)
+
+
+__all__ = ["DPMethod", "EvalPoint", "ExtraQuery", "Halves", "METHODS", "Mechanism", "RunInfo",
            "StepContext", "Update", "get_method", "method_names", "register_method"]

@@ -29,14 +29,7 @@ import torch
 
 from dpbench.errors import ConfigError
 from dpbench.methods import register_method
-from dpbench.methods.base import (
-    DPMethod,
-    ExtraQuery,
-    Released,
-    RunInfo,
-    StepContext,
-    Update,
-)
+from dpbench.methods.base import DPMethod, ExtraQuery, Released, RunInfo, StepContext
 from dpbench.methods.dpsgd import FlatClipping
 from dpbench.methods.settings import require
 
@@ -57,7 +50,7 @@ def geometric_update(threshold: float, unclipped_fraction: float, target_quantil
     return max(floor, threshold * math.exp(-clip_lr * (unclipped_fraction - target_quantile)))
 
 
-@dataclass
+@dataclass(frozen=True)
 class AdaClipSettings:
     """``method.settings`` of adaptive clipping."""
 
@@ -87,7 +80,7 @@ class AdaptiveClipping(FlatClipping):
     """
 
     def _sigma_b(self, expected_batch_size: float) -> float:
-        value = self.settings["sigma_b"]
+        value = self.settings.sigma_b
         return float(value) if value is not None else expected_batch_size / 10.0
 
     def clip_floor(self) -> float:
@@ -100,7 +93,7 @@ class AdaptiveClipping(FlatClipping):
 
     def setup(self, params, info: RunInfo) -> None:
         super().setup(params, info)
-        initial = self.settings["initial_clip"]
+        initial = self.settings.initial_clip
         self.threshold = max(float(initial if initial is not None else info.clip_norm),
                              self.clip_floor())
         self.sigma_b = self._sigma_b(info.expected_batch_size)
@@ -118,7 +111,7 @@ class AdaptiveClipping(FlatClipping):
 
     def extra_queries(self, norms: torch.Tensor, ctx: StepContext) -> list[ExtraQuery]:
         """Return the centred count query 1[||u_i|| <= theta C_t] - 1/2 (sensitivity 1/2)."""
-        bound = self.settings["count_threshold"] * self.threshold
+        bound = self.settings.count_threshold * self.threshold
         centred = (norms <= bound).to(torch.float32) - 0.5
         return [ExtraQuery(COUNT_QUERY, centred, sensitivity=0.5, noise_std=self.sigma_b)]
 
@@ -139,11 +132,28 @@ class AdaptiveClipping(FlatClipping):
         self.trajectory.append(threshold)
         self.fractions.append(self.unclipped_fraction)
         self.threshold = geometric_update(
-            threshold, self.unclipped_fraction, self.settings["target_quantile"],
-            self.settings["clip_lr"], self.clip_floor())
+            threshold, self.unclipped_fraction, self.settings.target_quantile,
+            self.settings.clip_lr, self.clip_floor())
+
+    # ---- diagnostics: the released threshold's trajectory (post-processing) ---------------
+    def step_metrics(self) -> dict[str, float]:
+        """Return C_t (the threshold the step used) and the noisy unclipped fraction b_t."""
+        used = self.trajectory[-1] if self.trajectory else self.threshold
+        return {"clip_threshold": used, "unclipped_fraction": self.unclipped_fraction}
+
+    def floor_binding_share(self) -> float:
+        """Return the share of steps whose threshold C_t sat at the floor C_LB (0 unbounded)."""
+        floor, trajectory = self.clip_floor(), self.trajectory
+        if floor <= 0 or not trajectory:
+            return 0.0
+        return sum(c <= floor * (1 + 1e-9) for c in trajectory) / len(trajectory)
 
     def summary(self) -> dict[str, Any]:
-        return {"sigma_b": self.sigma_b}
+        return {"sigma_b": self.sigma_b, "clip_floor": self.clip_floor(),
+                "final_clip_threshold": self.threshold,
+                "floor_binding_share": self.floor_binding_share(),
+                "clip_threshold_trajectory": list(self.trajectory),
+                "unclipped_fraction_trajectory": list(self.fractions)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"threshold": self.threshold, "unclipped_fraction": self.unclipped_fraction,
@@ -156,38 +166,6 @@ class AdaptiveClipping(FlatClipping):
         self.fractions = list(state.get("fractions", []))
 
 
-class ThresholdTracking(Update):
-    """The YAML's optimiser, and the threshold's diagnostics read from the mechanism (its
-    ``advance`` moves the threshold; this update only reports it)."""
-
-    mechanism: AdaptiveClipping  # a read-only view (MechanismView)
-
-    def step_metrics(self) -> dict[str, float]:
-        """Return C_t (the threshold the step used) and the noisy unclipped fraction b_t."""
-        mech = self.mechanism
-        used = mech.trajectory[-1] if mech.trajectory else mech.threshold
-        return {"clip_threshold": used, "unclipped_fraction": mech.unclipped_fraction}
-
-    def summary(self) -> dict[str, Any]:
-        mech = self.mechanism
-        return {"clip_floor": mech.clip_floor(),
-                "final_clip_threshold": mech.threshold,
-                "floor_binding_share": self.floor_binding_share(),
-                "clip_threshold_trajectory": list(mech.trajectory),
-                "unclipped_fraction_trajectory": list(mech.fractions)}
-
-    def floor_binding_share(self) -> float:
-        """Return the share of steps whose threshold C_t sat at the floor C_LB (0 unbounded)."""
-        floor, trajectory = self.mechanism.clip_floor(), self.mechanism.trajectory
-        if floor <= 0 or not trajectory:
-            return 0.0
-        return sum(c <= floor * (1 + 1e-9) for c in trajectory) / len(trajectory)
-
-
-@register_method("adaclip")
-class AdaClip(DPMethod):
-    """Unbounded adaptive clipping: C_LB = 0, so C_t may shrink towards 0."""
-
-    settings_cls = AdaClipSettings
-    mechanism_cls = AdaptiveClipping
-    update_cls = ThresholdTracking
+#: unbounded adaptive clipping: C_LB = 0, so C_t may shrink towards 0; the update is the
+#: YAML's optimiser (the threshold's diagnostics are the mechanism's, released values)
+ADACLIP = register_method(DPMethod("adaclip", AdaClipSettings(), AdaptiveClipping))

@@ -15,7 +15,7 @@ from dpbench.methods.base import DPMethod, Mechanism, StepContext
 from dpbench.methods.settings import require
 
 
-@dataclass
+@dataclass(frozen=True)
 class AutoClipSettings:
     """``method.settings`` of AUTO-S."""
 
@@ -30,16 +30,12 @@ class AutomaticClipping(Mechanism):
 
     def clip_factors(self, norms: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Return 1 / (||u_i|| + r)."""
-        return 1.0 / (norms + float(self.settings["stability"]))
+        return 1.0 / (norms + self.settings.stability)
 
     def sensitivity(self, ctx: StepContext) -> float:
         """Return 1: ||u_i|| / (||u_i|| + r) < 1."""
         return 1.0
 
 
-@register_method("autoclip")
-class AutoClip(DPMethod):
-    """AUTO-S: automatic clipping; the update is the YAML's optimiser."""
-
-    settings_cls = AutoClipSettings
-    mechanism_cls = AutomaticClipping
+#: AUTO-S: automatic clipping; the update is the YAML's optimiser
+AUTOCLIP = register_method(DPMethod("autoclip", AutoClipSettings(), AutomaticClipping))

@@ -20,7 +20,6 @@ the loop calibrates and accounts exactly that. b = 1 is DP-SGD, draw for draw.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +41,7 @@ from dpbench.privacy.banded_mf import (
 from dpbench.utils.ranges import int_at_least
 
 
-@dataclass
+@dataclass(frozen=True)
 class BandMFSettings:
     """``conf/method/bandmf.yaml`` settings: b and the strategy (validated on construction)."""
 
@@ -69,27 +68,28 @@ def available_memory_bytes(device: torch.device) -> int | None:
 class BandedMatrixFactorization(Mechanism):
     """DP-SGD's clipping with cyclic Poisson sampling and banded correlated noise."""
 
-    def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
+    settings: BandMFSettings
+
+    def __init__(self, name: str, settings: BandMFSettings) -> None:
         super().__init__(name, settings)
-        self.config = BandMFSettings(**self.settings)
         self.coefs: np.ndarray | None = None
 
     def participation_bands(self) -> int:
-        return self.config.bands
+        return self.settings.bands
 
     def setup(self, params: list[nn.Parameter], info: RunInfo) -> None:
         """Build the strategy; refuse if the noise history will not fit."""
         super().setup(params, info)
-        self.coefs = strategy_coefficients(self.config.strategy, self.config.bands,
+        self.coefs = strategy_coefficients(self.settings.strategy, self.settings.bands,
                                            info.total_steps)
         if not info.private:
             return
-        need = noise_memory_bytes(self.config.bands, sum(p.numel() for p in params),
+        need = noise_memory_bytes(self.settings.bands, sum(p.numel() for p in params),
                                   params[0].element_size() if params else 4)
         free = available_memory_bytes(info.device)
         if free is not None and need > free:
             raise ConfigError(
-                f"method.settings.bands={self.config.bands}: the correlated noise keeps b "
+                f"method.settings.bands={self.settings.bands}: the correlated noise keeps b "
                 f"vectors of the model's size ({need / 2**30:.2f} GiB) but only "
                 f"{free / 2**30:.2f} GiB is free on {info.device}; lower bands")
 
@@ -103,12 +103,12 @@ class BandedMatrixFactorization(Mechanism):
         if self.info is None or self.coefs is None:
             return {}
         rate, steps = amplified_equivalent(self.info.sample_rate, self.info.total_steps,
-                                           self.config.bands)
+                                           self.settings.bands)
         n = self.info.total_steps
         return {
             "mechanism": "amplified banded matrix factorization (cyclic Poisson, b-banded "
                          "Toeplitz C, unit-norm columns)",
-            "bands": self.config.bands, "strategy": self.config.strategy,
+            "bands": self.settings.bands, "strategy": self.settings.strategy,
             "coefficients": [float(c) for c in self.coefs],
             "prefix_sum_loss": prefix_sum_loss(self.coefs, n) / n,
             "dpsgd_prefix_sum_loss": prefix_sum_loss(np.ones(1), n) / n,
@@ -117,9 +117,5 @@ class BandedMatrixFactorization(Mechanism):
         }
 
 
-@register_method("bandmf")
-class BandMF(DPMethod):
-    """BandMF's mechanism; the update is the YAML's optimiser on the released gradient."""
-
-    settings_cls = BandMFSettings
-    mechanism_cls = BandedMatrixFactorization
+#: BandMF's mechanism; the update is the YAML's optimiser on the released gradient
+BANDMF = register_method(DPMethod("bandmf", BandMFSettings(), BandedMatrixFactorization))

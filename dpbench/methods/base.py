@@ -1,12 +1,14 @@
 """The method plugin interface: a method is a mechanism and an update.
 
-The loop (``dpbench.training.loop``) runs the step of docs/adding-a-method.md and calls the
-method's hooks; ``DPMethod`` hands each hook to the half it belongs to. Stages that touch raw
-data or privacy (per-example gradients, noise, the accountant) belong to the loop and are not
-hooks:
+A method is a frozen record (``DPMethod``: its name, settings, mechanism class, update class,
+``private``, ``tasks``); the loop (``dpbench.training.loop``) builds the two halves from it
+(``DPMethod.halves``) and calls each hook on its own half: ``mechanism.<hook>``,
+``update.<hook>``. The update is built without the mechanism and holds no reference to it.
+Stages that touch raw data or privacy (per-example gradients, noise, the accountant) belong
+to the loop and are not hooks:
 
 ====  ==============================  =========  ==============================================
- 0    ``configure_model(model)``       method     model-side methods (bounded AdaLN modulation)
+ 0    ``configure_model(model, s)``    record     model-side methods (bounded AdaLN modulation)
  1    ``participation_bands()``        mechanism  Poisson (None) or cyclic Poisson over b fixed
                                                   partitions (BandMF; accounted as amplified)
  2    ``evaluation_points(ctx)``       mechanism  where gradients are taken: [theta] by
@@ -26,8 +28,8 @@ hooks:
  10   ``advance(released)``            mechanism  the moving parameters from released values
                                                   (AdaClip's C_t, DiSK's theta_{t-1}, IVON's
                                                   posterior scale): their only writer
- --   ``evaluate(held_out, model)``   update     extra evaluation (posterior averaging) on the
-      ``step_metrics()``                          loop's held-out data only; per-step logs
+ --   ``evaluate(held_out)``           update     the test metrics from the loop's values
+      ``evaluation_samples()``                    (IVON: averaged over posterior samples)
 ====  ==============================  =========  ==============================================
 
 The mechanism (``dpbench.methods.mechanism``) is all of a method that can change epsilon;
@@ -38,156 +40,147 @@ recompute it.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any
 
-import torch
 from torch import nn
 
-from dpbench.methods.context import HeldOut, Released, RunInfo, StepContext
-from dpbench.methods.hooks import PRIVACY_HOOKS, UPDATE_HOOKS, refuse_hooks
-from dpbench.methods.mechanism import (
-    EvalPoint,
-    ExtraQuery,
-    Mechanism,
-    NoiseShaper,
-    gradient_queries,
-)
+from dpbench.methods.context import EvalPoint, HeldOut, Released, RunInfo, StepContext
+from dpbench.methods.mechanism import ExtraQuery, Mechanism, NoiseShaper, gradient_queries
 from dpbench.methods.settings import NoSettings, checked_settings
-from dpbench.methods.update import (
-    MechanismView,
-    OptimizerFactory,
-    Update,
-    mechanism_unchanged,
-)
+from dpbench.methods.update import OptimizerFactory, Update
 
-__all__ = ["DPMethod", "EvalPoint", "ExtraQuery", "HeldOut", "Mechanism", "MechanismView",
+__all__ = ["DPMethod", "EvalPoint", "ExtraQuery", "Halves", "HeldOut", "Mechanism",
            "NoiseShaper", "OptimizerFactory", "Released", "RunInfo", "StepContext", "Update",
-           "check_pair", "gradient_queries", "mechanism_unchanged"]
+           "gradient_queries"]
 
 
-def check_pair(cls: type) -> None:
-    """Raise ``TypeError`` if a method class defines a hook itself: a method is the pair of its
-    ``mechanism_cls`` (every hook that can change epsilon) and its ``update_cls``; a hook
-    written on the pair would bypass the half a privacy review reads."""
-    refuse_hooks(cls, PRIVACY_HOOKS, "can change epsilon; they belong to the method's "
-                 "Mechanism (mechanism_cls), not to the method class")
-    refuse_hooks(cls, UPDATE_HOOKS, "post-process the release; they belong to the method's "
-                 "Update (update_cls), not to the method class")
-
-
+@dataclass(frozen=True)
 class DPMethod:
-    """A mechanism (``mechanism_cls``) and an update (``update_cls``); defaults: DP-SGD.
+    """A method: its name, settings and halves (defaults: DP-SGD), as a frozen record.
 
-    Settings arrive as keyword arguments from ``conf/method/<name>.yaml``, checked against
-    ``settings_cls`` (``self.settings`` is the checked, read-only mapping both halves get);
-    the hooks are the halves' own, reached through the pair (``__getattr__``); a subclass
-    that defines one is refused (``check_pair``);
-    ``optimizer`` is a Hydra ``_partial_`` optimiser factory, the update's.
+    Registered with its settings' defaults (``register_method``); ``configured`` returns the
+    run's record, settings checked and the YAML's optimiser factory attached. The record
+    defines no hook: the loop builds the halves (``halves()``) and calls them directly.
     """
 
-    name: ClassVar[str] = ""
-    #: False for the non-private baseline: no clipping, no noise, epsilon = inf.
-    private: ClassVar[bool] = True
-    #: task kinds this method supports (None: every task).
-    tasks: ClassVar[frozenset[str] | None] = None
-    #: the method reads materialised per-example gradients itself (a combination of several
-    #: evaluation points does not need them: the loop forms it, under bk and hooks alike).
-    needs_per_example_grads: ClassVar[bool] = False
-    #: the dataclass of ``method.settings``: keys, types, defaults, range checks (the one source)
-    settings_cls: ClassVar[type] = NoSettings
+    name: str
+    #: the frozen dataclass of ``method.settings``: keys, types, defaults, range checks
+    settings: Any = NoSettings()
     #: what is released: every hook that can change epsilon
-    mechanism_cls: ClassVar[type[Mechanism]] = Mechanism
+    mechanism_cls: type[Mechanism] = Mechanism
     #: what is done with the release: post-processing
-    update_cls: ClassVar[type[Update]] = Update
+    update_cls: type[Update] = Update
+    #: False for the non-private baseline: no clipping, no noise, epsilon = inf
+    private: bool = True
+    #: task kinds this method supports (None: every task)
+    tasks: frozenset[str] | None = None
+    #: the method reads materialised per-example gradients itself (a combination of several
+    #: evaluation points does not need them: the loop forms it, under bk and hooks alike)
+    needs_per_example_grads: bool = False
+    #: stage 0, model-side methods: ``configure_model(model, settings)`` returns the model
+    configure_model: Callable[[nn.Module, Any], nn.Module] | None = None
+    #: the update's optimiser factory (a Hydra ``_partial_``; None: SGD with lr 0.1)
+    optimizer: OptimizerFactory | None = None
+    #: set on a record whose mechanism is broken on purpose (the audit's tests only)
+    broken_on_purpose: str | None = None
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        check_pair(cls)
+    def __post_init__(self) -> None:
+        if not (isinstance(self.mechanism_cls, type) and issubclass(self.mechanism_cls, Mechanism)
+                and isinstance(self.update_cls, type) and issubclass(self.update_cls, Update)):
+            raise TypeError(f"method {self.name!r}: mechanism_cls must be a Mechanism subclass "
+                            "and update_cls an Update subclass")
+        if not dataclasses.is_dataclass(self.settings) or isinstance(self.settings, type) \
+                or not type(self.settings).__dataclass_params__.frozen:
+            raise TypeError(f"method {self.name!r}: settings must be an instance of a frozen "
+                            "dataclass")
 
-    def __init__(self, optimizer: OptimizerFactory | None = None, **settings: Any) -> None:
-        self.settings = checked_settings(self.name, self.settings_cls, settings)
-        self.mechanism = self.mechanism_cls(self.name, self.settings)
-        self.updater = self.update_cls(self.name, self.settings, self.mechanism, optimizer)
-        self.info: RunInfo | None = None
+    @property
+    def settings_cls(self) -> type:
+        """The dataclass of ``method.settings``."""
+        return type(self.settings)
 
-    # ---- housekeeping --------------------------------------------------------------------
-    @classmethod
-    def settings_defaults(cls) -> dict[str, Any]:
+    def settings_defaults(self) -> dict[str, Any]:
         """Return the method's settings and their defaults (``settings_cls``'s fields)."""
-        return asdict(cls.settings_cls())
+        return dataclasses.asdict(self.settings_cls())
+
+    def configured(self, optimizer: OptimizerFactory | None = None,
+                   **settings: Any) -> DPMethod:
+        """Return the run's record: ``settings`` checked against ``settings_cls`` over its
+        defaults (ConfigError naming the key) and ``optimizer`` the update's factory."""
+        return dataclasses.replace(
+            self, settings=checked_settings(self.name, self.settings_cls, settings),
+            optimizer=optimizer)
+
+    def halves(self) -> Halves:
+        """Return a fresh mechanism and a fresh update, built apart: the update is handed
+        the name, the settings and the optimiser factory, never the mechanism."""
+        return Halves(self.mechanism_cls(self.name, self.settings),
+                      self.update_cls(self.name, self.settings, self.optimizer))
+
+    def planned_bands(self) -> int | None:
+        """Return the mechanism's ``participation_bands()`` (None: Poisson), read before the
+        run is built (its privacy plan): a fresh mechanism's answer, from the settings alone."""
+        return self.mechanism_cls(self.name, self.settings).participation_bands()
+
+    def gradient_evaluations_per_step(self) -> int:
+        """Return how many gradient evaluations a step makes (compute, not privacy): a
+        fresh mechanism's answer, from the settings alone (engine choice before set-up)."""
+        return self.mechanism_cls(self.name, self.settings).gradient_evaluations_per_step()
+
+
+@dataclass(frozen=True)
+class Halves:
+    """A run's mechanism and update, as the loop holds them: the loop calls each half's hooks
+    directly; this record keeps what concerns both (set-up, results.json facts, the
+    checkpoint). Neither half holds the other or this record."""
+
+    mechanism: Mechanism
+    update: Update
 
     @property
     def params(self) -> list[nn.Parameter]:
-        """The trainable parameters (the same list in both halves)."""
-        return self.updater.params
-
-    @params.setter
-    def params(self, value: list[nn.Parameter]) -> None:
-        self.mechanism.params = self.updater.params = value
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer | None:
-        """The update's optimiser (None before ``setup``)."""
-        return self.updater.optimizer
-
-    @optimizer.setter
-    def optimizer(self, value: torch.optim.Optimizer | None) -> None:
-        self.updater.optimizer = value
-
-    def configure_model(self, model: nn.Module) -> nn.Module:
-        """Return the model to train (stage 0; model-side methods switch options here)."""
-        return model
-
-    def validate(self, info: RunInfo) -> None:
-        """Raise ``ConfigError`` for settings that cannot run (checked before training)."""
-        self.mechanism.validate(info)
+        """The trainable parameters (the update's list; the mechanism's is the same)."""
+        return self.update.params
 
     def setup(self, params: list[nn.Parameter], info: RunInfo) -> None:
-        """Set up the mechanism, then the update, then bring the mechanism's moving parameters
-        to the update's public state (``advance`` with no release)."""
-        self.info = info
+        """Check and set up the mechanism, then the update, then bring the mechanism's moving
+        parameters to the update's public state (``advance`` with no release)."""
+        self.mechanism.validate(info)
         self.mechanism.setup(params, info)
-        with mechanism_unchanged(self.mechanism, "setup"):
-            self.updater.setup(params, info)
-        self._resync()
+        self.update.setup(params, info)
+        self.resync()
 
-    def _resync(self) -> None:
+    def resync(self) -> None:
         """Call the mechanism's ``advance`` with no release: set-up and after a restore."""
-        with mechanism_unchanged(self.mechanism, "public_state"):
-            public = MappingProxyType(self.updater.public_state())
-        self.mechanism.advance(Released(step=None, public=public))
+        self.mechanism.advance(Released(step=None,
+                                        public=MappingProxyType(self.update.public_state())))
 
-    def gradient_evaluations_per_step(self) -> int:
-        """Return how many gradient evaluations a step makes (compute, not privacy)."""
-        return self.mechanism.gradient_evaluations_per_step()
+    def step_metrics(self) -> dict[str, float]:
+        """Return both halves' per-step diagnostics (the mechanism's first)."""
+        return {**self.mechanism.step_metrics(), **self.update.step_metrics()}
 
     def summary(self) -> dict[str, Any]:
         """Return method facts for results.json: the evaluations per step, then both halves'."""
-        return {"gradient_evaluations_per_step": self.gradient_evaluations_per_step(),
-                **self.mechanism.summary(), **self.updater.summary()}
+        return {"gradient_evaluations_per_step": self.mechanism.gradient_evaluations_per_step(),
+                **self.mechanism.summary(), **self.update.summary()}
 
     def state_dict(self) -> dict[str, Any]:
         """Return the optimiser's state and, under ``extra``, both halves' state."""
-        return {"optimizer": self.optimizer.state_dict() if self.optimizer else None,
-                "extra": {**self.mechanism.state_dict(), **self.updater.state_dict()}}
+        optimizer = self.update.optimizer
+        return {"optimizer": optimizer.state_dict() if optimizer else None,
+                "extra": {**self.mechanism.state_dict(), **self.update.state_dict()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.optimizer is not None and state.get("optimizer") is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+        optimizer = self.update.optimizer
+        if optimizer is not None and state.get("optimizer") is not None:
+            optimizer.load_state_dict(state["optimizer"])
         extra = state.get("extra") or {}
         self.mechanism.load_state_dict(extra)
-        with mechanism_unchanged(self.mechanism, "load_state_dict"):
-            self.updater.load_state_dict(extra)
-        if self.info is not None:  # set up: the restored weights and update state
-            self._resync()
+        self.update.load_state_dict(extra)
+        if self.update.info is not None:  # set up: the restored weights and update state
+            self.resync()
 
-    # ---- the hooks: each half's own, reached through the pair (none defined here) --------
-    def __getattr__(self, name: str) -> Any:
-        """Return the hook ``name`` of the half it belongs to (``methods/hooks.py``)."""
-        if name in PRIVACY_HOOKS:
-            return getattr(self.__dict__["mechanism"], name)
-        if name in UPDATE_HOOKS:
-            return getattr(self.__dict__["updater"], name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

@@ -8,14 +8,15 @@ post-processed threshold only: privacy is that of ``adaclip`` (account with sigm
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from dpbench.methods import register_method
-from dpbench.methods.adaclip import AdaClip, AdaClipSettings, AdaptiveClipping
+from dpbench.methods.adaclip import ADACLIP, AdaClipSettings, AdaptiveClipping
 from dpbench.methods.settings import require
 
 
-@dataclass
+@dataclass(frozen=True)
 class BoundedAdaClipSettings(AdaClipSettings):
     """``method.settings`` of bounded adaptive clipping: adaclip's plus the floor."""
 
@@ -31,12 +32,10 @@ class BoundedAdaptiveClipping(AdaptiveClipping):
     ``clip_floor`` (post-processing of the noisy count: the release is adaclip's)."""
 
     def clip_floor(self) -> float:
-        return float(self.settings["clip_floor"])
+        return self.settings.clip_floor
 
 
-@register_method("bounded_adaclip")
-class BoundedAdaClip(AdaClip):
-    """Adaptive clipping whose threshold never goes below ``clip_floor`` (C_LB, default 0.1)."""
-
-    settings_cls = BoundedAdaClipSettings
-    mechanism_cls = BoundedAdaptiveClipping
+#: adaptive clipping whose threshold never goes below ``clip_floor`` (C_LB, default 0.1)
+BOUNDED_ADACLIP = register_method(dataclasses.replace(
+    ADACLIP, name="bounded_adaclip", settings=BoundedAdaClipSettings(),
+    mechanism_cls=BoundedAdaptiveClipping))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -10,10 +10,23 @@ from typing import Any
 import torch
 
 
+@dataclass(frozen=True)
+class EvalPoint:
+    """A point at which per-example gradients are taken, and its weight in the combination.
+
+    ``offsets`` (one tensor per trainable parameter, or None for theta itself) is added to the
+    parameters for the evaluation and removed afterwards.
+    """
+
+    weight: float = 1.0
+    offsets: Sequence[torch.Tensor] | None = None
+
+
 @dataclass
 class StepContext:
     """What a method may know about the current step: public facts, no raw data and no
-    noise generator (the release alone holds the run's noise stream)."""
+    noise generator (the release alone holds the run's noise stream). ``points`` are the
+    step's evaluation points, set by the loop before the update (IVON's posterior sample)."""
 
     step: int
     epoch: int
@@ -26,6 +39,7 @@ class StepContext:
     total_steps: int
     method_generator: torch.Generator | None = None  # the method's own stream (posterior draws)
     noise_std: float = 0.0  # per-coordinate std of the released mean gradient, set by the loop
+    points: tuple[EvalPoint, ...] = ()  # the mechanism's evaluation points of this step
 
 
 @dataclass(frozen=True)
@@ -48,17 +62,17 @@ class Released:
 
 @dataclass(frozen=True)
 class HeldOut:
-    """The held-out evaluation the loop hands an update: the task's test metrics of a model,
-    and its log-probabilities on test inputs; no training data, no task, no loader.
+    """The held-out evaluation the loop hands an update: values only, no callable, no task,
+    no loader, no training data.
 
-    ``metrics(model, predict=None)``: the task's test metrics (``predict`` replaces the
-    model's log-probabilities, e.g. a posterior average); ``log_proba(model, x)``: the task's
-    log-probabilities of inputs ``x``; ``device``: where the model lives.
+    ``metrics``: the task's test metrics at the current weights; ``averaged``: the same
+    metrics of the prediction averaged over the update's parameter samples
+    (``Update.evaluation_samples``, e.g. IVON's Bayesian model average), None without them.
+    Both are computed by the loop.
     """
 
-    metrics: Callable[..., dict[str, Any]]
-    log_proba: Callable[[Any, torch.Tensor], torch.Tensor]
-    device: torch.device
+    metrics: Mapping[str, Any]
+    averaged: Mapping[str, Any] | None = None
 
 
 @dataclass
@@ -75,3 +89,5 @@ class RunInfo:
     task: str
     device: torch.device
     extras: dict[str, Any] = field(default_factory=dict)
+    #: the trainable parameters' names, in the order of ``params`` (``model.named_parameters``)
+    param_names: tuple[str, ...] = ()

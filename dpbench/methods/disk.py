@@ -17,7 +17,6 @@ kappa = 1 gives a = 0 and g~ = g: the base optimiser on the DP gradient.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +35,7 @@ from dpbench.methods.base import (
 from dpbench.methods.settings import require
 
 
-@dataclass
+@dataclass(frozen=True)
 class DiSKSettings:
     """``method.settings`` of DiSK: the observation (and filter) gain and the look-ahead."""
 
@@ -60,7 +59,7 @@ class TwoPointObservation(Mechanism):
     so the method never reads per-example gradients itself.
     """
 
-    def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
+    def __init__(self, name: str, settings: DiSKSettings) -> None:
         super().__init__(name, settings)
         self.previous_params: list[torch.Tensor] | None = None  # theta_{t-1}
         self._latest: list[torch.Tensor] | None = None  # theta_t, seen at the last advance
@@ -68,7 +67,7 @@ class TwoPointObservation(Mechanism):
     @property
     def lookahead_weight(self) -> float:
         """Return a = (1 - kappa) / (kappa gamma), the weight of grad f(theta + gamma d)."""
-        kappa, gamma = self.settings["kappa"], self.settings["gamma"]
+        kappa, gamma = self.settings.kappa, self.settings.gamma
         return (1.0 - kappa) / (kappa * gamma)
 
     def gradient_evaluations_per_step(self) -> int:
@@ -77,7 +76,7 @@ class TwoPointObservation(Mechanism):
 
     def evaluation_points(self, ctx: StepContext) -> list[EvalPoint]:
         """Return [theta with weight 1 - a, theta + gamma d with weight a] (DiSK's u_t)."""
-        a, gamma = self.lookahead_weight, self.settings["gamma"]
+        a, gamma = self.lookahead_weight, self.settings.gamma
         if a == 0.0 or self.previous_params is None:  # u = grad f(theta) exactly (d_0 = 0)
             return [EvalPoint()]
         offsets = [gamma * (p.detach() - prev)
@@ -108,14 +107,14 @@ class TwoPointObservation(Mechanism):
 class KalmanFilteredUpdate(Update):
     """DiSK's stages 7 and 8: ``g~_t = (1 - kappa) g~_{t-1} + kappa g_t``, then the optimiser."""
 
-    def __init__(self, name: str, settings: Mapping[str, Any], mechanism: Mechanism,
+    def __init__(self, name: str, settings: DiSKSettings,
                  optimizer: OptimizerFactory | None = None) -> None:
-        super().__init__(name, settings, mechanism, optimizer)
+        super().__init__(name, settings, optimizer)
         self.filtered: list[torch.Tensor] | None = None  # g~_{t-1}
 
     def postprocess(self, grads: list[torch.Tensor], ctx: StepContext) -> list[torch.Tensor]:
         """Return g~_t = (1 - kappa) g~_{t-1} + kappa g_t (DiSK, simplified Kalman update)."""
-        kappa = self.settings["kappa"]
+        kappa = self.settings.kappa
         if self.filtered is None:
             self.filtered = [g.detach().clone() for g in grads]
         else:
@@ -131,10 +130,6 @@ class KalmanFilteredUpdate(Update):
         self.filtered = [t.to(p.device) for t, p in zip(f, self.params)] if f else None
 
 
-@register_method("disk")
-class DiSK(DPMethod):
-    """DiSK: the two-point observation, then the filter and the YAML's optimiser."""
-
-    settings_cls = DiSKSettings
-    mechanism_cls = TwoPointObservation
-    update_cls = KalmanFilteredUpdate
+#: DiSK: the two-point observation, then the filter and the YAML's optimiser
+DISK = register_method(DPMethod("disk", DiSKSettings(), TwoPointObservation,
+                                KalmanFilteredUpdate))

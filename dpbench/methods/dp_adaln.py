@@ -8,6 +8,7 @@ the model option: ``model=dit model.dp_aware=true method=<any>``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,7 @@ def set_model_bounds(model: nn.Module, enabled: bool, **bounds: Any) -> nn.Modul
     return model
 
 
-@dataclass
+@dataclass(frozen=True)
 class DPAdaLNSettings:
     """``method.settings`` of DP-aware AdaLN-Zero: the bounds; null keeps the model's."""
 
@@ -45,12 +46,10 @@ class DPAdaLNSettings:
                     value)
 
 
-@register_method("dp_adaln")
-class DPAdaLN(DPMethod):
-    """DP-aware AdaLN-Zero; bounds left null here come from the model config."""
+def bounded(model: nn.Module, settings: DPAdaLNSettings) -> nn.Module:
+    """Return the DiT with its DP-aware bounds on; bounds left null come from the model config."""
+    return set_model_bounds(model, True, **dataclasses.asdict(settings))
 
-    tasks = frozenset({"ts_diffusion"})
-    settings_cls = DPAdaLNSettings
 
-    def configure_model(self, model: nn.Module) -> nn.Module:
-        return set_model_bounds(model, True, **self.settings)
+DP_ADALN = register_method(DPMethod("dp_adaln", DPAdaLNSettings(),
+                                    tasks=frozenset({"ts_diffusion"}), configure_model=bounded))

@@ -9,11 +9,10 @@ from dpbench.methods.base import DPMethod
 from dpbench.methods.dp_adaln import set_model_bounds
 
 
-@register_method("dp_vanilla")
-class DPVanilla(DPMethod):
-    """The same AdaLN-Zero DiT with the bounds switched off, whatever the model config says."""
+def unbounded(model: nn.Module, settings: object) -> nn.Module:
+    """Return the AdaLN-Zero DiT with its bounds switched off, whatever the model config says."""
+    return set_model_bounds(model, False)
 
-    tasks = frozenset({"ts_diffusion"})
 
-    def configure_model(self, model: nn.Module) -> nn.Module:
-        return set_model_bounds(model, False)
+DP_VANILLA = register_method(DPMethod("dp_vanilla", tasks=frozenset({"ts_diffusion"}),
+                                      configure_model=unbounded))

@@ -3,7 +3,5 @@
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod
 
-
-@register_method("dpadam")
-class DPAdam(DPMethod):
-    """Only stage 8 differs from DP-SGD; the optimiser (torch.optim.Adam) comes from the YAML."""
+#: only stage 8 differs from DP-SGD; the optimiser (torch.optim.Adam) comes from the YAML
+DPADAM = register_method(DPMethod("dpadam"))

@@ -128,8 +128,5 @@ class NoiseCorrectedAdam(Update):
         return {"optimizer": type(self.optimizer).__name__}
 
 
-@register_method("dpadam_bc")
-class DPAdamBC(DPMethod):
-    """DP-AdamBC: stage 8 is ``AdamBC`` with ``noise_variance = sigma_w^2 = (sigma C / B)^2``."""
-
-    update_cls = NoiseCorrectedAdam
+#: DP-AdamBC: stage 8 is ``AdamBC`` with ``noise_variance = sigma_w^2 = (sigma C / B)^2``
+DPADAM_BC = register_method(DPMethod("dpadam_bc", update_cls=NoiseCorrectedAdam))

@@ -3,7 +3,5 @@
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod
 
-
-@register_method("dpadamw")
-class DPAdamW(DPMethod):
-    """Only stage 8 differs from DP-SGD; the optimiser (torch.optim.AdamW) comes from the YAML."""
+#: only stage 8 differs from DP-SGD; the optimiser (torch.optim.AdamW) comes from the YAML
+DPADAMW = register_method(DPMethod("dpadamw"))

@@ -8,9 +8,6 @@ optimiser comes from ``conf/method/dplora.yaml``. The baseline of ``spectral_den
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod
 
-
-@register_method("dplora")
-class DPLoRA(DPMethod):
-    """The DP release of the LoRA gradients followed by the YAML's optimiser (Adam by default)."""
-
-    tasks = frozenset({"text_classification", "text_generation"})
+#: the DP release of the LoRA gradients followed by the YAML's optimiser (Adam by default)
+DPLORA = register_method(DPMethod(
+    "dplora", tasks=frozenset({"text_classification", "text_generation"})))

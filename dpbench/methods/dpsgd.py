@@ -15,7 +15,7 @@ from dpbench.methods.base import DPMethod, Mechanism, StepContext
 from dpbench.methods.mechanism import flat_clip_factors
 
 
-@dataclass
+@dataclass(frozen=True)
 class DPSGDSettings:
     """``method.settings`` of DP-SGD."""
 
@@ -32,16 +32,12 @@ class FlatClipping(Mechanism):
     def clip_factors(self, norms: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Return min(1, C/||u_i||), or min(1, C/||u_i||) / C when normalised."""
         return flat_clip_factors(norms, self.clip_threshold(ctx),
-                                 bool(self.settings["normalize"]))
+                                 self.settings.normalize)
 
     def sensitivity(self, ctx: StepContext) -> float:
         """Return C (flat clipping) or 1 (normalised clipping)."""
-        return 1.0 if self.settings["normalize"] else self.clip_threshold(ctx)
+        return 1.0 if self.settings.normalize else self.clip_threshold(ctx)
 
 
-@register_method("dpsgd")
-class DPSGD(DPMethod):
-    """DP-SGD's mechanism with optional normalisation; the update is the YAML's SGD."""
-
-    settings_cls = DPSGDSettings
-    mechanism_cls = FlatClipping
+#: DP-SGD's mechanism with optional normalisation; the update is the YAML's SGD
+DPSGD = register_method(DPMethod("dpsgd", DPSGDSettings(), FlatClipping))

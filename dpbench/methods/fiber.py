@@ -21,14 +21,13 @@ The method is a pair of reused halves: DiSK's mechanism (``TwoPointObservation``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from dpbench.methods import register_method
-from dpbench.methods.base import DPMethod, Mechanism, OptimizerFactory, StepContext
+from dpbench.methods.base import DPMethod, OptimizerFactory, StepContext
 from dpbench.methods.disk import DiSKSettings, TwoPointObservation
 from dpbench.methods.dpadam_bc import NoiseCorrectedAdam
 from dpbench.methods.settings import require
@@ -52,7 +51,7 @@ def ema_noise_gain(omega: float) -> float:
     return omega / (2.0 - omega)
 
 
-@dataclass
+@dataclass(frozen=True)
 class FiberSettings(DiSKSettings):
     """``method.settings`` of FIBER: DiSK's observation (kappa, gamma) plus the filter."""
 
@@ -73,19 +72,19 @@ class FilterAwareAdam(NoiseCorrectedAdam):
     the filtered noise variance removed (the two-point mechanism remembers the weights itself,
     in its ``advance``)."""
 
-    def __init__(self, name: str, settings: Mapping[str, Any], mechanism: Mechanism,
+    def __init__(self, name: str, settings: FiberSettings,
                  optimizer: OptimizerFactory | None = None) -> None:
-        super().__init__(name, settings, mechanism, optimizer)
+        super().__init__(name, settings, optimizer)
         self.filtered: list[torch.Tensor] | None = None  # g~_{t-1}
         self.residual: list[torch.Tensor] | None = None  # r_{t-1}
 
     def needs_adam_bc(self) -> bool:
-        return self.settings["correction"] != "none"
+        return self.settings.correction != "none"
 
     def noise_gain(self) -> float:
         """Return A: the power gain of the configured filter on the white DP noise."""
-        omega = self.settings["omega"]
-        if self.settings["filter"] == "innovation":
+        omega = self.settings.omega
+        if self.settings.filter == "innovation":
             return innovation_noise_gain(omega)
         return ema_noise_gain(omega)
 
@@ -93,18 +92,18 @@ class FilterAwareAdam(NoiseCorrectedAdam):
         """Return A sigma_w^2 (filter_aware), sigma_w^2 (standard) or 0 (none)."""
         if not ctx.private:
             return 0.0
-        correction = self.settings["correction"]
+        correction = self.settings.correction
         if correction == "filter_aware":
             return self.noise_gain() * ctx.noise_std ** 2
         return ctx.noise_std ** 2 if correction == "standard" else 0.0
 
     def postprocess(self, grads: list[torch.Tensor], ctx: StepContext) -> list[torch.Tensor]:
         """Return g~_t from the innovation filter (or the EMA ablation); see the module doc."""
-        omega = self.settings["omega"]
+        omega = self.settings.omega
         if self.filtered is None:  # g~_0 = g_0, r_0 = 0
             self.filtered = [g.detach().clone() for g in grads]
             self.residual = [torch.zeros_like(g) for g in grads]
-        elif self.settings["filter"] == "innovation":
+        elif self.settings.filter == "innovation":
             for f, r, g in zip(self.filtered, self.residual, grads):
                 r.mul_(1.0 - omega).add_(g - f, alpha=omega)  # r_t = (1-w) r + w (g_t - g~)
                 f.add_(r)  # g~_t = g~_{t-1} + r_t
@@ -126,10 +125,5 @@ class FilterAwareAdam(NoiseCorrectedAdam):
                     if value else None)
 
 
-@register_method("fiber")
-class FIBER(DPMethod):
-    """FIBER: DiSK's two-point mechanism (stages 2/4) and the filter-aware AdamBC update."""
-
-    settings_cls = FiberSettings
-    mechanism_cls = TwoPointObservation
-    update_cls = FilterAwareAdam
+#: FIBER: DiSK's two-point mechanism (stages 2/4) and the filter-aware AdamBC update
+FIBER = register_method(DPMethod("fiber", FiberSettings(), TwoPointObservation, FilterAwareAdam))

@@ -1,5 +1,8 @@
 """The names of a method's hooks, split by the half they belong to, and the check that keeps
-them apart (a hook in the wrong half would never be called)."""
+them apart: the loop calls each hook on its own half only (``mechanism.<hook>``,
+``update.<hook>``), so a hook written in the other half would never be called. This check
+catches that mistake when the class is created; it is not what keeps the halves apart (the
+loop is: docs/privacy-review.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ PRIVACY_HOOKS = ("participation_bands", "evaluation_points", "clip_factors", "se
 
 #: the hooks that post-process the release: only an ``Update`` defines them
 UPDATE_HOOKS = ("postprocess", "update", "after_step", "public_state", "evaluate",
-                "step_metrics")
+                "evaluation_samples", "evaluation_offsets")
 
 
 def refuse_hooks(cls: type, hooks: Sequence[str], reason: str) -> None:

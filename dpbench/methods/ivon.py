@@ -20,8 +20,7 @@ Prediction is Bayesian model averaging over posterior samples (the update's ``ev
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +42,6 @@ from dpbench.methods.base import (
 )
 from dpbench.methods.settings import require
 from dpbench.utils.seeding import stream_generator
-from dpbench.utils.tensors import parameters_at
 
 HESS_ESTIMATES = ("reparam", "gradsq")
 
@@ -153,7 +151,7 @@ class IVONOptimizer(torch.optim.Optimizer):
                            "call ivon_step(grads, curvature)")
 
 
-@dataclass
+@dataclass(frozen=True)
 class IVONSettings:
     """``method.settings`` of IVON (and, with ``hess=gradsq``, of DP-IVON)."""
 
@@ -179,45 +177,44 @@ class PosteriorSampling(Mechanism):
     ``posterior_std`` (sigma_v per parameter, from the update's h: post-processing of released
     gradients) is the mechanism's moving parameter, taken in ``advance`` from the update's
     ``public_state()``; the samples' gradients are averaged per example before clipping, so
-    any posterior gives one release of the declared sensitivity.
+    any posterior gives one release of the declared sensitivity. The samples reach the update
+    as values, in the step context's ``points``.
     """
 
-    def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
+    def __init__(self, name: str, settings: IVONSettings) -> None:
         super().__init__(name, settings)
         self.posterior_std: list[torch.Tensor] | None = None  # sigma_v, set in advance
-        self.offsets: list[list[torch.Tensor]] = []  # this step's theta_s - m
 
     def gradient_evaluations_per_step(self) -> int:
         """Return S = mc_samples: one gradient evaluation per posterior sample."""
-        return int(self.settings["mc_samples"])
+        return int(self.settings.mc_samples)
 
     def evaluation_points(self, ctx: StepContext) -> list[EvalPoint]:
         """Return S posterior samples theta_s = m + e_s / sqrt(lambda (h + delta)), weight 1/S.
 
         The loop averages the S gradients per example before clipping, so S > 1 costs no
-        privacy (docs/ivon.md). The offsets are kept for the reparameterised estimate.
+        privacy (docs/ivon.md). The loop hands the points to the update (``ctx.points``) for
+        the reparameterised estimate.
         """
         assert self.posterior_std is not None, "advance at set-up takes the posterior"
-        s = self.settings["mc_samples"]
-        self.offsets = [sample_offsets(self.posterior_std, ctx.method_generator)
-                        for _ in range(s)]
-        return [EvalPoint(weight=1.0 / s, offsets=o) for o in self.offsets]
+        s = self.settings.mc_samples
+        return [EvalPoint(weight=1.0 / s, offsets=sample_offsets(self.posterior_std,
+                                                                  ctx.method_generator))
+                for _ in range(s)]
 
     def advance(self, released: Released) -> None:
-        """Take sigma_v from the update's posterior (``public_state()["posterior_std"]``) and
-        drop the step's samples."""
+        """Take sigma_v from the update's posterior (``public_state()["posterior_std"]``)."""
         self.posterior_std = list(released.public["posterior_std"])
-        self.offsets = []
 
 
 class IVONUpdate(Update):
     """IVON's stage 8 (Alg. 1 lines 5-9) and its Bayesian model averaging at evaluation."""
 
-    mechanism: PosteriorSampling
+    settings: IVONSettings
 
-    def __init__(self, name: str, settings: Mapping[str, Any], mechanism: Mechanism,
+    def __init__(self, name: str, settings: IVONSettings,
                  optimizer: OptimizerFactory | None = None) -> None:
-        super().__init__(name, settings, mechanism, optimizer or IVONOptimizer)
+        super().__init__(name, settings, optimizer or IVONOptimizer)
         self._diag = {"steps": 0, "zero_fraction_sum": 0.0, "last_zero_fraction": 0.0}
 
     def setup(self, params: list[nn.Parameter], info: RunInfo) -> None:
@@ -239,13 +236,16 @@ class IVONUpdate(Update):
 
     # ---- stage 8: the IVON update --------------------------------------------------------
     def curvature(self, grads: list[torch.Tensor], ctx: StepContext) -> list[torch.Tensor]:
-        """Return h_hat: reparam g (theta - m) / sigma_v^2 (Alg. 1 line 5), or gradsq."""
-        if self.settings["hess"] == "reparam":
-            offsets = self.mechanism.offsets
-            if not offsets:  # no sample this step (empty batch): g = 0, so h_hat = 0
+        """Return h_hat: reparam g (theta - m) / sigma_v^2 (Alg. 1 line 5), or gradsq.
+
+        theta - m is this step's posterior sample, handed over as the step's evaluation point
+        (``ctx.points``, set by the loop from the mechanism's ``evaluation_points``).
+        """
+        if self.settings.hess == "reparam":
+            if not ctx.points or ctx.points[0].offsets is None:  # no sample: h_hat = 0
                 return [torch.zeros_like(g) for g in grads]
             return [g * d * prec for g, d, prec in
-                    zip(grads, offsets[0], self.ivon.precision_scale())]
+                    zip(grads, ctx.points[0].offsets, self.ivon.precision_scale())]
         return self.squared_gradient_curvature(grads, ctx)
 
     def squared_gradient_curvature(self, grads: list[torch.Tensor],
@@ -255,7 +255,7 @@ class IVONUpdate(Update):
         sigma_w^2 = (sigma C / B)^2 = ``ctx.noise_std ** 2`` is the per-coordinate variance of
         the privacy noise in g (docs/ivon.md); it is 0 for a non-private run.
         """
-        noise_var = ctx.noise_std ** 2 if self.settings["correction"] else 0.0
+        noise_var = ctx.noise_std ** 2 if self.settings.correction else 0.0
         v_hat = [noise_corrected_square(g, noise_var).clamp(min=0.0) for g in grads]
         zero = sum(int((v == 0).sum()) for v in v_hat)
         total = sum(v.numel() for v in v_hat)
@@ -276,19 +276,19 @@ class IVONUpdate(Update):
 
     def step_metrics(self) -> dict[str, float]:
         out = {"hess_mean": self.hess_mean()}
-        if self.settings["hess"] == "gradsq":
+        if self.settings.hess == "gradsq":
             out["vhat_zero_fraction"] = self._diag["last_zero_fraction"]
         return out
 
     def summary(self) -> dict[str, Any]:
         steps = max(self._diag["steps"], 1)
-        return {"hess": self.settings["hess"],
-                "mc_samples": self.settings["mc_samples"],
-                "correction": self.settings["correction"],
-                "eval_samples": self.settings["eval_samples"],
+        return {"hess": self.settings.hess,
+                "mc_samples": self.settings.mc_samples,
+                "correction": self.settings.correction,
+                "eval_samples": self.settings.eval_samples,
                 "hess_mean_final": self.hess_mean(),
                 "vhat_zero_fraction_mean": (self._diag["zero_fraction_sum"] / steps
-                                            if self.settings["hess"] == "gradsq" else None)}
+                                            if self.settings.hess == "gradsq" else None)}
 
     def state_dict(self) -> dict[str, Any]:
         return dict(self._diag)
@@ -297,53 +297,40 @@ class IVONUpdate(Update):
         self._diag.update(state)
 
     # ---- prediction ----------------------------------------------------------------------
-    def evaluate(self, held_out: HeldOut, model: nn.Module) -> dict:
+    def evaluation_samples(self) -> int:
+        """Return S = ``eval_samples``: the posterior samples of Bayesian model averaging."""
+        return self.settings.eval_samples
+
+    def evaluation_offsets(self, index: int, device: torch.device) -> list[torch.Tensor]:
+        """Return theta_i - m for BMA sample ``index``: regenerated from its own seed
+        (``eval_seed``, stream ``method_eval``) each time, so no S x params memory and the
+        training noise never moves."""
+        gen = stream_generator(self.settings.eval_seed, "method_eval", device, index)
+        return self.ivon.sample_offsets(gen)
+
+    def evaluate(self, held_out: HeldOut) -> dict:
         """Return BMA metrics over S posterior samples, plus ``at_mean_*`` metrics at m.
 
-        p(y|x) = (1/S) sum_s softmax(f(x; theta_s)), theta_s ~ q (IVON paper, eq. 4). The S
-        samples are fixed for the whole evaluation (seeded by ``eval_seed``) and drawn from a
-        generator of their own, so evaluating never changes the training noise.
+        p(y|x) = (1/S) sum_s softmax(f(x; theta_s)), theta_s ~ q (IVON paper, eq. 4): the
+        loop averages the predictions at ``evaluation_offsets`` (``held_out.averaged``). The
+        S samples are fixed for the whole evaluation (seeded by ``eval_seed``).
         """
-        at_mean = held_out.metrics(model)
+        at_mean = held_out.metrics
         scalars = {k: v for k, v in at_mean.items() if isinstance(v, (int, float))}
         out: dict[str, Any] = {f"at_mean_{k}": v for k, v in scalars.items()}
-        s = self.settings["eval_samples"]
-        if s == 0:
+        if held_out.averaged is None:
             out.update(at_mean)
         else:
-            out.update(held_out.metrics(model, predict=self._bma_predictor(held_out, model, s)))
+            out.update(held_out.averaged)
         out["hess_mean"] = self.hess_mean()
-        if self.settings["hess"] == "gradsq":
+        if self.settings.hess == "gradsq":
             out["vhat_zero_fraction"] = self._diag["last_zero_fraction"]
         return out
 
-    def _bma_predictor(self, held_out: HeldOut, model: nn.Module,
-                       samples: int) -> Callable[[torch.Tensor], torch.Tensor]:
-        seed, device = int(self.settings["eval_seed"]), held_out.device
 
-        def predict(x: torch.Tensor) -> torch.Tensor:
-            log_probs = []
-            for i in range(samples):  # regenerate sample i per batch: no S x params memory
-                gen = stream_generator(seed, "method_eval", device, i)
-                with parameters_at(self.params, self.ivon.sample_offsets(gen)):
-                    log_probs.append(held_out.log_proba(model, x))
-            return torch.logsumexp(torch.stack(log_probs), dim=0) - math.log(samples)
-
-        return predict
-
-
-@register_method("ivon")
-class IVON(DPMethod):
-    """Non-private IVON with the reparameterised Hessian estimate (``hess=reparam``).
-
-    Settings: ``hess`` (reparam | gradsq), ``mc_samples`` (posterior samples per step;
-    their gradients are averaged, so reparam needs 1), ``correction`` (DP noise correction
-    of gradsq, used by ``dp_ivon``), ``eval_samples`` (S for Bayesian model averaging; 0
-    predicts at the mean only) and ``eval_seed`` (the BMA samples' seed).
-    """
-
-    private = False
-    tasks = frozenset({"classification"})
-    settings_cls = IVONSettings
-    mechanism_cls = PosteriorSampling
-    update_cls = IVONUpdate
+#: non-private IVON with the reparameterised Hessian estimate (``hess=reparam``); settings:
+#: ``hess`` (reparam | gradsq), ``mc_samples`` (posterior samples per step, their gradients
+#: averaged, so reparam needs 1), ``correction`` (gradsq's DP noise correction, ``dp_ivon``),
+#: ``eval_samples`` (S for Bayesian model averaging; 0 predicts at the mean) and ``eval_seed``
+IVON = register_method(DPMethod("ivon", IVONSettings(), PosteriorSampling, IVONUpdate,
+                                private=False, tasks=frozenset({"classification"})))

@@ -20,8 +20,8 @@ Some mechanisms have parameters that move during a run (the adaptive threshold C
 theta_{t-1}, IVON's posterior scale). They change in ``advance`` alone, which the loop calls
 once per step after the update with the step's released values (``Released``: the noisy
 extra queries, the released gradient, the update's ``public_state()``), and the method calls
-at set-up and after a restore with no release (``step`` None); the update sees the mechanism
-through a read-only view and cannot assign them. The mechanism's guarantee must still hold
+at set-up and after a restore with no release (``step`` None); the update holds no reference
+to the mechanism, so nothing else can assign them. The mechanism's guarantee must still hold
 for every value they can take, and the sensitivity it declares is the one of its current
 parameters (checked by the loop at every step).
 """
@@ -29,14 +29,14 @@ parameters (checked by the loop at every step).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from dpbench.methods.context import Released, RunInfo, StepContext
+from dpbench.methods.context import EvalPoint, Released, RunInfo, StepContext
 from dpbench.methods.hooks import PRIVACY_HOOKS, UPDATE_HOOKS, refuse_hooks
 from dpbench.privacy.ledger import Query
 from dpbench.privacy.plan import StepPlan
@@ -70,18 +70,6 @@ class NoiseShaper(Protocol):
 
 
 @dataclass
-class EvalPoint:
-    """A point at which per-example gradients are taken, and its weight in the combination.
-
-    ``offsets`` (one tensor per trainable parameter, or None for theta itself) is added to the
-    parameters for the evaluation and removed afterwards.
-    """
-
-    weight: float = 1.0
-    offsets: Sequence[torch.Tensor] | None = None
-
-
-@dataclass
 class ExtraQuery:
     """A privatised per-example query besides the gradient (e.g. a clip indicator).
 
@@ -99,11 +87,11 @@ class ExtraQuery:
 class Mechanism:
     """DP-SGD's release: Poisson sampling, the gradient at theta, flat clipping, i.i.d. noise.
 
-    ``settings`` is the method's checked settings dict (shared with its update); ``name`` the
-    method's, for error messages.
+    ``settings`` is the method's frozen settings dataclass (the update gets the same values);
+    ``name`` the method's, for error messages.
     """
 
-    def __init__(self, name: str, settings: Mapping[str, Any]) -> None:
+    def __init__(self, name: str, settings: Any) -> None:
         self.name = name
         self.settings = settings
         self.params: list[nn.Parameter] = []
@@ -129,6 +117,10 @@ class Mechanism:
 
     def summary(self) -> dict[str, Any]:
         """Return facts about the release for results.json."""
+        return {}
+
+    def step_metrics(self) -> dict[str, float]:
+        """Return per-step diagnostics of the release to log (e.g. the clip threshold used)."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:

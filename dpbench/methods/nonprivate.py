@@ -3,9 +3,5 @@
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod
 
-
-@register_method("nonprivate")
-class NonPrivate(DPMethod):
-    """Plain mini-batch training: mean gradient of the realised batch, then the optimiser."""
-
-    private = False
+#: plain mini-batch training: mean gradient of the realised batch, then the optimiser
+NONPRIVATE = register_method(DPMethod("nonprivate", private=False))

@@ -1,6 +1,8 @@
 """``method.settings``: one dataclass per method holds the keys, their types and defaults.
 
-A method names its dataclass in ``settings_cls``; ``dpbench.config.schema.register_schemas``
+A method's record (``DPMethod``) holds an instance of its frozen dataclass as ``settings``: the
+defaults when registered, the run's checked values once configured, read as attributes by both
+halves (``settings.kappa``). ``dpbench.config.schema.register_schemas``
 stores it in Hydra's ConfigStore as ``method/settings/<name>``, which the method's YAML lists
 first in its defaults (``- settings: <name>``). Hydra then checks types when it composes (a
 string for a float fails there, naming the key), and the YAML states only what differs from
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -25,7 +26,7 @@ from dpbench.utils.ranges import is_number
 __all__ = ["NoSettings", "checked_settings", "is_number", "require"]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class NoSettings:
     """The settings of a method that has none."""
 
@@ -36,10 +37,9 @@ def require(ok: bool, key: str, expected: str, value: Any) -> None:
     ranges.require(ok, f"method.settings.{key}", expected, value)
 
 
-def checked_settings(method: str, settings_cls: type, values: Mapping[str, Any]
-                     ) -> Mapping[str, Any]:
-    """Return the settings as a read-only mapping: ``values`` over the defaults, types and
-    ranges checked (frozen: neither half of a method can change what the other reads).
+def checked_settings(method: str, settings_cls: type, values: Mapping[str, Any]) -> Any:
+    """Return the settings as an instance of the frozen ``settings_cls``: ``values`` over the
+    defaults, types and ranges checked (frozen: neither half can change what the other reads).
 
     Unknown keys, values of the wrong type (OmegaConf's conversion rules, as at composition)
     and values out of range (the dataclass's ``__post_init__``) raise a one-line ConfigError
@@ -56,4 +56,7 @@ def checked_settings(method: str, settings_cls: type, values: Mapping[str, Any]
         key = getattr(err, "full_key", None) or getattr(err, "key", None) or "?"
         message = str(getattr(err, "msg", err)).splitlines()[0]
         raise ConfigError(f"method.settings.{key}: {message}") from err
-    return MappingProxyType({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
+    if not settings_cls.__dataclass_params__.frozen:
+        raise TypeError(f"method {method!r}: its settings dataclass {settings_cls.__name__} "
+                        "must be frozen (@dataclass(frozen=True))")
+    return obj

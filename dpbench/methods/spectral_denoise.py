@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +22,6 @@ from dpbench.errors import ConfigError
 from dpbench.methods import register_method
 from dpbench.methods.base import (
     DPMethod,
-    Mechanism,
     OptimizerFactory,
     RunInfo,
     StepContext,
@@ -79,7 +77,7 @@ def denoise_matrices(noisy: torch.Tensor, noise_std: float, kappa: float = 1.0
     return out.to(noisy.dtype), keep
 
 
-@dataclass
+@dataclass(frozen=True)
 class SpectralDenoiseSettings:
     """``method.settings`` of spectral denoising."""
 
@@ -90,17 +88,18 @@ class SpectralDenoiseSettings:
         require(self.kappa > 0, "kappa", "a number > 0", self.kappa)
         targets = self.targets
         require(targets in TARGETS if isinstance(targets, str) else
-                isinstance(targets, list) and all(isinstance(t, str) for t in targets),
+                isinstance(targets, (list, tuple)) and all(isinstance(t, str) for t in targets),
                 "targets", f"one of {TARGETS} or a list of parameter-name substrings", targets)
+        if isinstance(targets, list):  # frozen all the way down
+            object.__setattr__(self, "targets", tuple(targets))
 
 
 class SpectralShrinkage(Update):
     """Stage 7: each selected 2-D released gradient denoised; then the YAML's optimiser."""
 
-    def __init__(self, name: str, settings: Mapping[str, Any], mechanism: Mechanism,
+    def __init__(self, name: str, settings: SpectralDenoiseSettings,
                  optimizer: OptimizerFactory | None = None) -> None:
-        super().__init__(name, settings, mechanism, optimizer)
-        self.param_names: dict[int, str] = {}  # by identity, from the method's configure_model
+        super().__init__(name, settings, optimizer)
         self.selected: list[int] = []
         self._metrics: dict[str, float] = {}
         self.denoise_seconds = 0.0
@@ -109,7 +108,7 @@ class SpectralShrinkage(Update):
     def _is_target(self, name: str, p: torch.Tensor) -> bool:
         if p.dim() != 2 or min(p.shape) < 2:
             return False
-        targets = self.settings["targets"]
+        targets = self.settings.targets
         if targets == "all_2d":
             return True
         if targets == "lora":
@@ -118,11 +117,12 @@ class SpectralShrinkage(Update):
 
     def setup(self, params: list[nn.Parameter], info: RunInfo) -> None:
         super().setup(params, info)
-        self.selected = [i for i, p in enumerate(params)
-                         if self._is_target(self.param_names.get(id(p), ""), p)]
+        names = info.param_names or ("",) * len(params)  # the loop's, in the order of params
+        self.selected = [i for i, (name, p) in enumerate(zip(names, params))
+                         if self._is_target(name, p)]
         if not self.selected:
             raise ConfigError(f"spectral_denoise: no trainable 2-D parameter matches "
-                              f"targets={self.settings['targets']!r} (is the model LoRA? use "
+                              f"targets={self.settings.targets!r} (is the model LoRA? use "
                               f"targets=all_2d otherwise)")
 
     def postprocess(self, grads: list[torch.Tensor], ctx: StepContext) -> list[torch.Tensor]:
@@ -137,7 +137,7 @@ class SpectralShrinkage(Update):
         passed, dot, noisy_sq, clean_sq = 0, 0.0, 0.0, 0.0
         for idx in by_shape.values():
             stack = torch.stack([grads[i] for i in idx])
-            denoised, keep = denoise_matrices(stack, ctx.noise_std, self.settings["kappa"])
+            denoised, keep = denoise_matrices(stack, ctx.noise_std, self.settings.kappa)
             passed += int(keep.sum())
             dot += float((denoised * stack).sum())
             noisy_sq += float(stack.pow(2).sum())
@@ -175,19 +175,8 @@ class SpectralShrinkage(Update):
         self.totals.update(state.get("totals", {}))
 
 
-@register_method("spectral_denoise")
-class SpectralDenoise(DPMethod):
-    """DP-SGD/DP-Adam (optimiser from the YAML) whose stage 7 denoises each selected 2-D gradient.
-
-    ``targets``: ``lora`` (the LoRA factors A and B, by parameter name) or ``all_2d`` (every 2-D
-    trainable gradient, e.g. full weight matrices of linear layers fine-tuned directly), or a
-    list of substrings of parameter names. ``kappa`` scales the gate.
-    """
-
-    settings_cls = SpectralDenoiseSettings
-    update_cls = SpectralShrinkage
-
-    def configure_model(self, model: nn.Module) -> nn.Module:
-        """Hand the update the parameter names (by identity) that ``targets`` selects by."""
-        self.updater.param_names = {id(p): name for name, p in model.named_parameters()}
-        return model
+#: DP-SGD/DP-Adam (optimiser from the YAML) whose stage 7 denoises each selected 2-D gradient:
+#: ``targets`` ``lora`` (the LoRA factors A and B, by parameter name), ``all_2d`` (every 2-D
+#: trainable gradient) or a list of substrings of parameter names; ``kappa`` scales the gate
+SPECTRAL_DENOISE = register_method(DPMethod("spectral_denoise", SpectralDenoiseSettings(),
+                                            update_cls=SpectralShrinkage))

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpbench.bench import stopwatch
-from dpbench.training.loop import Callback
+from dpbench.training.loop import Callback, LoopView
 
 TIMED_KEY = "denoise_seconds"
 
@@ -30,18 +30,18 @@ class StepTimer(Callback):
         self._last: float | None = None
         self._eval_between = False
 
-    def on_run_start(self, trainer: Any) -> None:
-        self._last = stopwatch(trainer.device)
+    def on_run_start(self, view: LoopView) -> None:
+        self._last = stopwatch(view.device)
 
-    def on_step_end(self, trainer: Any, metrics: dict[str, float]) -> None:
-        now = stopwatch(trainer.device)
+    def on_step_end(self, view: LoopView, metrics: dict[str, float]) -> None:
+        now = stopwatch(view.device)
         if self._last is not None and not self._eval_between and self.key in metrics:
             self.samples.append((now - self._last, float(metrics[self.key])))
-        every = trainer.settings.eval_every_steps
-        self._eval_between = bool(every) and trainer.step % every == 0
+        every = view.settings.eval_every_steps
+        self._eval_between = bool(every) and view.step % every == 0
         self._last = now
 
-    def on_epoch_end(self, trainer: Any, metrics: dict[str, Any]) -> None:
+    def on_epoch_end(self, view: LoopView, metrics: dict[str, Any]) -> None:
         self._eval_between = True  # the next interval holds an evaluation
 
     def ratio(self) -> dict[str, float]:

@@ -16,9 +16,11 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -26,8 +28,7 @@ from torch.utils.data import DataLoader
 
 from dpbench.config.schema import PrivacyConfig, TrainerConfig
 from dpbench.data.base import TaskData
-from dpbench.methods.base import DPMethod, RunInfo, StepContext, mechanism_unchanged
-from dpbench.methods.context import HeldOut
+from dpbench.methods.base import DPMethod, HeldOut, Released, RunInfo, StepContext, Update
 from dpbench.privacy import PrivacyAccountant, PrivacyLedger
 from dpbench.privacy.plan import PrivacyPlan, account_release, plan_privacy, step_plan
 from dpbench.tasks.base import Task
@@ -41,35 +42,77 @@ from dpbench.training.precision import with_precision
 from dpbench.training.preemption import Preempted
 from dpbench.training.run_state import RunCheckpoint, restore_run_state, run_state
 from dpbench.training.sampling import remaining_batches, training_loader
-from dpbench.training.step import Release, apply_release, private_release
+from dpbench.training.step import apply_release, private_release
 from dpbench.training.summary import run_summary
 from dpbench.utils.seeding import run_streams, seed_everything, stream_generator
-from dpbench.utils.tensors import move_to
+from dpbench.utils.tensors import move_to, parameters_at
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoopView:
+    """What the loop's callbacks are handed: the run's progress as values and its public
+    weights; no noise stream, no data, no task, no model, no mechanism or update.
+
+    ``weights``: the trainable parameters, detached (post-processing of releases; read them,
+    do not write them); ``epsilon``: the accountant's answer so far, at the run's start, each
+    epoch's end and the run's end (None at step events); ``record``: results.json's fields
+    so far, at the end of an epoch before the last, for a callback with ``needs_record``.
+    """
+
+    step: int
+    epoch: int
+    plan: PrivacyPlan
+    settings: TrainerConfig
+    device: torch.device
+    weights: tuple[torch.Tensor, ...]
+    epsilon: float | None = None
+    record: Mapping[str, Any] | None = None
 
 
 class Callback:
     """Subscriber to the loop's events (W&B, results store, progress bar, the audit).
 
-    ``on_step_start`` runs before a step's release and ``on_release`` right after it is
-    accounted (private runs only); neither may touch the data or the noise.
+    Every event is handed a ``LoopView``; ``on_step_start`` runs before a step's release and
+    ``on_release`` right after it is accounted (private runs only), handed the released values
+    alone (``Released``: the noisy gradient and extra queries).
     """
 
-    def on_run_start(self, trainer: Trainer) -> None: ...
-    def on_step_start(self, trainer: Trainer) -> None: ...
-    def on_release(self, trainer: Trainer, release: Release) -> None: ...
-    def on_step_end(self, trainer: Trainer, metrics: dict[str, float]) -> None: ...
-    def on_epoch_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None: ...
-    def on_run_end(self, trainer: Trainer, result: dict[str, Any]) -> None: ...
+    #: the callback reads ``view.record`` at epoch ends (the loop builds it only then)
+    needs_record: ClassVar[bool] = False
+
+    def on_run_start(self, view: LoopView) -> None: ...
+    def on_step_start(self, view: LoopView) -> None: ...
+    def on_release(self, view: LoopView, released: Released) -> None: ...
+    def on_step_end(self, view: LoopView, metrics: dict[str, float]) -> None: ...
+    def on_epoch_end(self, view: LoopView, metrics: dict[str, Any]) -> None: ...
+    def on_run_end(self, view: LoopView, result: dict[str, Any]) -> None: ...
 
 
 def run_plan(method: DPMethod, privacy: PrivacyConfig, trainer: TrainerConfig,
              data: TaskData) -> PrivacyPlan:
-    """Return the privacy plan of a run (its rate, steps, sigma and the method's bands): the
-    one place it is built, read by the Trainer and by the audit's sizing."""
+    """Return the privacy plan of a run (its rate, steps, sigma and the mechanism's bands):
+    the one place it is built, read by the Trainer and by the audit's sizing."""
     return plan_privacy(privacy, trainer, len(data.train), method.private,
-                        method.participation_bands())
+                        method.planned_bands())
+
+
+def averaged_prediction(task: Task, model: nn.Module, params: list[nn.Parameter],
+                        samples: int, update: Update, device: torch.device
+                        ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Return x -> log (1/S) sum_s p(y | x; theta + offsets_s), the offsets the update's
+    ``evaluation_offsets(s)`` (IVON's Bayesian model average, its paper's eq. 4); sample s
+    is regenerated per batch, so no S x params memory."""
+
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        log_probs = []
+        for i in range(samples):
+            with parameters_at(params, update.evaluation_offsets(i, device)):
+                log_probs.append(task.predict_log_proba(model, x))
+        return torch.logsumexp(torch.stack(log_probs), dim=0) - math.log(samples)
+
+    return predict
 
 
 class Trainer:
@@ -87,7 +130,9 @@ class Trainer:
                  engine_wrapper: Callable[[Engine], Engine] | None = None,
                  materialise: bool = False,
                  streams: dict[str, torch.Generator] | None = None) -> None:
-        self.method = method
+        self.method = method  # the frozen record; the loop calls its halves, built here
+        self.halves = method.halves()
+        self.mechanism, self.update = self.halves.mechanism, self.halves.update
         self.collective = collective or Collective()  # 1 process unless torchrun (distributed.py)
         self.settings, self.seed, self.fingerprint = trainer, seed, fingerprint
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -95,6 +140,7 @@ class Trainer:
         self.callbacks = callbacks or []
         self.device = resolve_device(trainer.device, self.collective)
         self.plan = run_plan(method, privacy, trainer, data)
+        names = {id(p): name for name, p in model.named_parameters()}
         self.model, self.data = prepare_model(method, model, data, self.device, trainer,
                                               self.plan.private, seed)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -118,14 +164,15 @@ class Trainer:
             dataset_size=len(data.train), expected_batch_size=self.plan.expected_batch_size,
             sample_rate=self.plan.sample_rate, total_steps=self.plan.total_steps,
             noise_multiplier=self.plan.noise_multiplier, clip_norm=privacy.clip_norm,
-            private=self.plan.private, task=data.task, device=self.device)
-        method.validate(self.info)
-        method.setup(self.params, self.info)
+            private=self.plan.private, task=data.task, device=self.device,
+            param_names=tuple(names.get(id(p), "") for p in self.params))
+        self.halves.setup(self.params, self.info)  # the mechanism's validate, both set-ups
+        bands = self.mechanism.participation_bands()
         # the mechanism of every step, fixed once (privacy/plan.py): rate, sigma, sigma_g, bands
         self.step_plan = step_plan(
-            self.plan, method.mechanism.gradient_noise_multiplier(self.plan.noise_multiplier)
-            if self.plan.private else 0.0, cyclic=method.participation_bands() is not None)
-        self.noise_shaper = method.noise_shaper(self.info) if self.plan.private else None
+            self.plan, self.mechanism.gradient_noise_multiplier(self.plan.noise_multiplier)
+            if self.plan.private else 0.0, cyclic=bands is not None)
+        self.noise_shaper = self.mechanism.noise_shaper(self.info) if self.plan.private else None
         self.clip_norm = privacy.clip_norm
         self.accountant = (PrivacyAccountant(self.plan.accountant, self.plan.sampling)
                            if self.plan.private else None)
@@ -140,17 +187,11 @@ class Trainer:
         seed_everything(seed, "global")  # what still draws from torch's global RNG (dropout)
         loader, self.batch_sampler = training_loader(
             self.data.train, self.plan, seed, self.sampler_generator,
-            cyclic=method.participation_bands() is not None)
+            cyclic=bands is not None)
         # K processes: the global batch (any sampler), each rank its slice (distributed.py)
         self.train_loader = shard_loader(loader, self.collective)
         self.devices = self.collective.gather_strings(device_name(self.device))
         self.test_loader = DataLoader(self.data.test, batch_size=trainer.eval_batch_size)
-        # what an update's evaluation sees: the test metrics and log-probabilities only
-        held_task, test_loader, device = self.task, self.test_loader, self.device
-        self.held_out = HeldOut(
-            metrics=lambda model, predict=None: held_task.evaluate(model, test_loader, device,
-                                                                   predict=predict),
-            log_proba=lambda model, x: held_task.predict_log_proba(model, x), device=device)
         self.step = self.epoch = self.epoch_step = 0  # epoch_step: steps done in this epoch
         self.history: list[dict[str, Any]] = []
         self.step_history: list[dict[str, Any]] = []  # evaluations every eval_every_steps
@@ -175,33 +216,54 @@ class Trainer:
         physical = self.settings.max_physical_batch_size
         if self.plan.private:
             self._emit("on_step_start")
-            ctx.noise_std = self.step_plan.released_noise_std(self.method.sensitivity(ctx))
-            release = private_release(self.method, self.engine, self.task, batch, ctx,
+            ctx.noise_std = self.step_plan.released_noise_std(self.mechanism.sensitivity(ctx))
+            release = private_release(self.mechanism, self.engine, self.task, batch, ctx,
                                       self.step_plan, physical, self.noise_shaper,
                                       noise=self.noise_generator, collective=self.collective)
             # the release happened: account before anything can fail
             account_release(self.plan, self.ledger, self.accountant, self.step, release.queries)
-            self._emit("on_release", release)
+            self._emit("on_release", Released(
+                step=self.step, extras=MappingProxyType(release.noisy_extras),
+                grads=tuple(release.grads)))
         else:
-            release = nonprivate_gradient(self.method, self.model, self.params, self.task,
+            release = nonprivate_gradient(self.mechanism, self.model, self.params, self.task,
                                           batch, ctx, physical, collective=self.collective)
-        if not apply_release(self.method, self.params, release, ctx,
+        if not apply_release(self.halves, self.params, release, ctx,
                              self.settings.nonfinite == "skip", epoch=self.epoch):
             self.skipped_steps += 1  # trainer.nonfinite=skip: restored, still accounted
         self.step += 1
-        with mechanism_unchanged(self.method.mechanism, "step_metrics"):
-            metrics = self.method.step_metrics()
-        return {"step": self.step, **metrics,
+        return {"step": self.step, **self.halves.step_metrics(),
                 "unprivatised": step_diagnostics(release, self.task)}
 
-    def _emit(self, event: str, *args: Any) -> None:
-        """Call ``event`` on every callback that has it (``Callback`` has them all)."""
-        for handler in filter(None, (getattr(cb, event, None) for cb in self.callbacks)):
-            handler(self, *args)
+    def _emit(self, event: str, *args: Any,
+              epsilon: Callable[[], float] | None = None) -> None:
+        """Call ``event`` on every callback that has it (``Callback`` has them all), handing
+        each the same ``LoopView``."""
+        handlers = [h for h in (getattr(cb, event, None) for cb in self.callbacks) if h]
+        if not handlers:
+            return
+        record = (self.summary() if event == "on_epoch_end" and self.epoch < self.settings.epochs
+                  and any(getattr(cb, "needs_record", False) for cb in self.callbacks) else None)
+        view = LoopView(step=self.step, epoch=self.epoch, plan=self.plan,
+                        settings=self.settings, device=self.device,
+                        weights=tuple(p.detach() for p in self.params),
+                        epsilon=epsilon() if epsilon is not None else None, record=record)
+        for handler in handlers:
+            handler(view, *args)
+
+    def held_out(self) -> HeldOut:
+        """Return the values an update's evaluation is handed: the task's test metrics at the
+        current weights and, when the update draws parameter samples, those of the averaged
+        prediction (``averaged_prediction``); no callable, no task, no data."""
+        metrics = self.task.evaluate(self.model, self.test_loader, self.device)
+        samples = self.update.evaluation_samples()
+        averaged = None if samples == 0 else self.task.evaluate(
+            self.model, self.test_loader, self.device, predict=averaged_prediction(
+                self.task, self.model, self.params, samples, self.update, self.device))
+        return HeldOut(metrics=metrics, averaged=averaged)
 
     def evaluate(self) -> dict[str, Any]:
-        with mechanism_unchanged(self.method.mechanism, "evaluate"):
-            return self.method.evaluate(self.held_out, self.model)
+        return self.update.evaluate(self.held_out())
 
     def _evaluated(self, where: dict[str, int]) -> dict[str, Any]:
         """Return the test metrics; file the task's un-privatised diagnostics apart."""
@@ -238,7 +300,7 @@ class Trainer:
             record_check(self.engine_checks, self._verifier().check(self.engine), "resume",
                          step=self.step)
             self._resume_verified = True
-        self._emit("on_run_start")
+        self._emit("on_run_start", epsilon=self.epsilon)
         self.model.train()
         while self.epoch < self.settings.epochs:
             start = time.perf_counter()
@@ -265,9 +327,9 @@ class Trainer:
                 row.update(self._evaluated({"epoch": self.epoch, "step": self.step}))
             self.history.append(row)
             self.checkpoint.save(self)
-            self._emit("on_epoch_end", row)
+            self._emit("on_epoch_end", row, epsilon=lambda r=row: r["epsilon"])
         result = self.summary()
-        self._emit("on_run_end", result)
+        self._emit("on_run_end", result, epsilon=lambda: result["epsilon"])
         return result
 
     def summary(self) -> dict[str, Any]:

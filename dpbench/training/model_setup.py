@@ -29,7 +29,8 @@ def prepare_model(method: DPMethod, model: nn.Module, data: TaskData, device: to
                           f"of dataset {data.name!r} (it supports: "
                           f"{', '.join(sorted(method.tasks))})")
     seed_everything(seed, "model_configure")
-    model = method.configure_model(model)
+    if method.configure_model is not None:  # stage 0: model-side methods
+        model = method.configure_model(model, method.settings)
     model, data = maybe_cache_prefix(model, data, device, trainer.cache_frozen_prefix,
                                      trainer.eval_batch_size)
     if private:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from dpbench.methods.base import DPMethod, StepContext
+from dpbench.methods.base import Mechanism, StepContext
 from dpbench.tasks.base import Task
 from dpbench.training.batches import batch_size, physical_chunks, select_rows
 from dpbench.training.distributed import Collective
@@ -19,7 +19,7 @@ from dpbench.utils.stats import quantile_summary
 from dpbench.utils.tensors import parameters_at
 
 
-def nonprivate_gradient(method: DPMethod, model: torch.nn.Module, params, task: Task, batch,
+def nonprivate_gradient(mechanism: Mechanism, model: torch.nn.Module, params, task: Task, batch,
                         ctx: StepContext, max_physical: int | None, *,
                         collective: Collective | None = None) -> Release:
     """Return the exact mean gradient of the realised batch (no clipping, no noise).
@@ -30,7 +30,7 @@ def nonprivate_gradient(method: DPMethod, model: torch.nn.Module, params, task: 
     n = batch_size(batch)
     sums = [torch.zeros_like(p) for p in params]
     losses = []
-    points = method.evaluation_points(ctx)  # once per step (not per chunk), as the DP path
+    points = tuple(mechanism.evaluation_points(ctx))  # once per step, as the DP path
     for chunk in (physical_chunks(batch, max_physical) if n > 0 else []):
         for point in points:
             with parameters_at(params, point.offsets):
@@ -48,7 +48,7 @@ def nonprivate_gradient(method: DPMethod, model: torch.nn.Module, params, task: 
     n = collective.count(n, sums[0].device if sums else "cpu")
     grads = [s / max(n, 1) for s in sums]
     kept = torch.cat(losses) if losses else torch.zeros(0)
-    return Release(grads=grads, queries=[], realised_batch=n,
+    return Release(grads=grads, queries=[], realised_batch=n, points=points,
                    losses=collective.cat(kept, sums[0].device if sums else "cpu"))
 
 

@@ -42,7 +42,7 @@ def run_state(trainer: Any) -> dict[str, Any]:
     return {
         "fingerprint": trainer.fingerprint,
         **{name: getattr(trainer, name) for name in PROGRESS},
-        "model": trainer.model.state_dict(), "method": trainer.method.state_dict(),
+        "model": trainer.model.state_dict(), "method": trainer.halves.state_dict(),
         "task": trainer.task.state_dict(),
         "accountant": trainer.accountant.state_dict() if trainer.accountant else None,
         "ledger": trainer.ledger.state_dict(),
@@ -115,7 +115,7 @@ def restore_run_state(trainer: Any, state: dict[str, Any]) -> None:
         raise ConfigError("the checkpoint in this run directory predates per-stream seeds "
                           "and cannot be resumed exactly; start a new hydra.run.dir")
     trainer.model.load_state_dict(state["model"])
-    trainer.method.load_state_dict(state["method"])
+    trainer.halves.load_state_dict(state["method"])
     trainer.task.load_state_dict(state.get("task") or {})
     restore_privacy_state(trainer, state)
     for name, saved in state["generators"].items():

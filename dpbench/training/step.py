@@ -23,14 +23,15 @@ import torch
 
 from dpbench.errors import PrivacyError, TrainingDiverged
 from dpbench.methods.base import (
-    DPMethod,
+    EvalPoint,
     ExtraQuery,
+    Halves,
+    Mechanism,
     NoiseShaper,
     Released,
     StepContext,
     Update,
     gradient_queries,
-    mechanism_unchanged,
 )
 from dpbench.privacy.ledger import Query
 from dpbench.privacy.plan import StepPlan
@@ -50,6 +51,8 @@ class Release:
     grads: list[torch.Tensor]
     queries: list[Query]
     noisy_extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: the mechanism's evaluation points of the step (public: drawn from the method's stream)
+    points: tuple[EvalPoint, ...] = ()
     realised_batch: int = 0
     # diagnostics of the examples kept (finite loss and gradient), computed on private data
     losses: torch.Tensor | None = None  # diagnostic only
@@ -80,16 +83,17 @@ class Aggregate:
     losses: torch.Tensor
     norms: torch.Tensor
     factors: torch.Tensor
+    points: tuple[EvalPoint, ...] = ()
 
 
-def plan_at(method: DPMethod, sigma: float, expected_batch_size: float) -> StepPlan:
-    """Return the Poisson step plan of ``method`` at noise multiplier ``sigma`` and expected
+def plan_at(mechanism: Mechanism, sigma: float, expected_batch_size: float) -> StepPlan:
+    """Return the Poisson step plan of ``mechanism`` at noise multiplier ``sigma`` and expected
     batch size B (for a step outside a run: the benchmark, tests; the loop builds its own)."""
     return StepPlan(sigma > 0, "poisson", 0.0, float(expected_batch_size), sigma,
-                    method.mechanism.gradient_noise_multiplier(sigma) if sigma > 0 else 0.0)
+                    mechanism.gradient_noise_multiplier(sigma) if sigma > 0 else 0.0)
 
 
-def clipped_aggregate(method: DPMethod, engine: Engine, task: Task, batch,
+def clipped_aggregate(mechanism: Mechanism, engine: Engine, task: Task, batch,
                       ctx: StepContext, plan: StepPlan, max_physical: int | None
                       ) -> Aggregate:
     """Return sum_i w_i u_i and the extra queries' sums, checked against their sensitivity.
@@ -99,8 +103,8 @@ def clipped_aggregate(method: DPMethod, engine: Engine, task: Task, batch,
     check cannot be turned off: a release whose contributions exceed it is refused.
     """
     params = engine.params
-    points = method.evaluation_points(ctx)
-    sensitivity = method.sensitivity(ctx)
+    points = tuple(mechanism.evaluation_points(ctx))
+    sensitivity = mechanism.sensitivity(ctx)
     sums: list[torch.Tensor] | None = None  # the first chunk's sums (fresh tensors) start it
     extra_sums: dict[str, torch.Tensor] = {}
     extra_specs: dict[str, ExtraQuery] = {}
@@ -113,7 +117,7 @@ def clipped_aggregate(method: DPMethod, engine: Engine, task: Task, batch,
             task.observe_per_example_gradients(rows, norms, ctx.clip_norm)
     for chunk in chunks:  # stages 3-5: the engine's protocol call (engine/protocol.py)
         chunk_sums, norms, factors, loss, kept = engine.clipped_sum(
-            task.per_example_loss, chunk, points, lambda nr: method.clip_factors(nr, ctx),
+            task.per_example_loss, chunk, points, lambda nr: mechanism.clip_factors(nr, ctx),
             observe)
         _check_bound("gradient", factors * norms, sensitivity)
         if sums is None:
@@ -123,7 +127,7 @@ def clipped_aggregate(method: DPMethod, engine: Engine, task: Task, batch,
                 s.add_(c)
         every = bool(kept.all())  # the common case: no boolean indexing
         kept_norms = norms if every else norms[kept.to(norms.device)]
-        for q in method.extra_queries(kept_norms, ctx):  # dropped examples make no query
+        for q in mechanism.extra_queries(kept_norms, ctx):  # dropped examples make no query
             _check_bound(q.name, q.values.abs(), q.sensitivity)
             extra_sums[q.name] = extra_sums.get(q.name, 0.0) + q.values.sum()
             extra_specs[q.name] = q
@@ -133,13 +137,13 @@ def clipped_aggregate(method: DPMethod, engine: Engine, task: Task, batch,
     if sums is None:  # an empty batch: zero sums (the noise is still added)
         sums = [torch.zeros_like(p) for p in params]
     if n == 0:  # an empty batch still releases every query the method makes
-        extra_specs = {q.name: q for q in method.extra_queries(
+        extra_specs = {q.name: q for q in mechanism.extra_queries(
             torch.zeros(0, device=sums[0].device), ctx)}
-    queries = gradient_queries(method.mechanism, ctx, plan, list(extra_specs.values()))
+    queries = gradient_queries(mechanism, ctx, plan, list(extra_specs.values()))
     return Aggregate(
         sums=sums, extra_sums=extra_sums, extra_specs=extra_specs, queries=queries,
         realised_batch=n, losses=_joined(losses), norms=_joined(norms_all),
-        factors=_joined(factors_all))
+        factors=_joined(factors_all), points=points)
 
 
 def _detached(x: torch.Tensor) -> torch.Tensor:
@@ -154,15 +158,16 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def private_release(method: DPMethod, engine: Engine, task: Task, batch,
+def private_release(mechanism: Mechanism, engine: Engine, task: Task, batch,
                     ctx: StepContext, plan: StepPlan, max_physical: int | None,
                     noise_shaper: NoiseShaper | None = None, *,
                     noise: torch.Generator | None = None,
                     collective: Collective | None = None) -> Release:
     """Return the noisy mean gradient and extra queries of one logical step.
 
-    ``noise`` is the run's noise stream: the release is the only code given it (the method's
-    hooks see the ``StepContext``, which holds no generator); ``plan`` the run's step plan
+    ``noise`` is the run's noise stream: the release is the only code given it (the
+    mechanism's hooks see the ``StepContext``, which holds no generator); ``plan`` the run's
+    step plan
     (``privacy.plan.StepPlan``: the gradient query's noise std).
 
     ``noise_shaper`` (the method's, e.g. BandMF's C^{-1} recursion) maps the step's i.i.d.
@@ -173,7 +178,7 @@ def private_release(method: DPMethod, engine: Engine, task: Task, batch,
     and adds the noise, and every rank receives rank 0's release.
     """
     collective = collective or ONE_PROCESS
-    agg = clipped_aggregate(method, engine, task, batch, ctx, plan, max_physical)
+    agg = clipped_aggregate(mechanism, engine, task, batch, ctx, plan, max_physical)
     sums, extra_sums, extra_specs, queries = agg.sums, agg.extra_sums, agg.extra_specs, agg.queries
     device = sums[0].device
     noisy_extras = {name: torch.as_tensor(extra_sums.get(name, 0.0), device=device,
@@ -200,7 +205,7 @@ def private_release(method: DPMethod, engine: Engine, task: Task, batch,
     # the diagnostics of every rank's kept examples (not privatised, as in one process)
     norms, factors = collective.cat(agg.norms, device), collective.cat(agg.factors, device)
     return Release(
-        grads=released, queries=queries, noisy_extras=noisy_extras,
+        grads=released, queries=queries, noisy_extras=noisy_extras, points=agg.points,
         realised_batch=collective.count(agg.realised_batch, device),
         losses=collective.cat(agg.losses, device), norms=norms,
         # clipped = scaled down to the sensitivity bound (right for flat and normalised
@@ -226,31 +231,34 @@ def all_finite(*groups: Iterable[torch.Tensor]) -> bool:
     return bool(torch.isfinite(torch.nn.utils.get_total_norm(tensors, math.inf)))
 
 
-def apply_release(method: DPMethod, params: Sequence[torch.nn.Parameter], release: Release,
+def apply_release(halves: Halves, params: Sequence[torch.nn.Parameter], release: Release,
                   ctx: StepContext, skip: bool, epoch: int = 0) -> bool:
     """Post-process and apply ``release``; return False if it was not finite and skipped.
 
-    With ``skip`` the parameters and the method's state are restored to what they were
-    before a step that was not finite; without it the run stops (``TrainingDiverged``).
+    The update's hooks (stages 7-9) are handed the step context, with the step's evaluation
+    points (``ctx.points``), and the released values; the mechanism's ``advance`` (stage 10)
+    a ``Released``. With ``skip`` the parameters and both halves' state are restored to what
+    they were before a step that was not finite; without it the run stops
+    (``TrainingDiverged``).
     """
-    saved = _snapshot(method, params) if skip else None
+    mechanism, update = halves.mechanism, halves.update
+    saved = _snapshot(halves, params) if skip else None
+    ctx.points = release.points
     ok = all_finite(release.grads, release.noisy_extras.values())
-    if ok:
-        with mechanism_unchanged(method.mechanism, "the update"):  # stages 7-9
-            postprocess = method.postprocess
-            grads = postprocess(release.grads, ctx)
-            # the default post-processing returns the release as it is: checked above
-            ok = (getattr(postprocess, "__func__", None) is Update.postprocess
-                  or all_finite(grads))
-            if ok:
-                method.update(grads, ctx)
-                method.after_step(release.noisy_extras, ctx)
-                public = MappingProxyType(method.public_state())
+    if ok:  # stages 7-9
+        grads = update.postprocess(release.grads, ctx)
+        # the default post-processing returns the release as it is: checked above
+        ok = (getattr(update.postprocess, "__func__", None) is Update.postprocess
+              or all_finite(grads))
+        if ok:
+            update.update(grads, ctx)
+            update.after_step(release.noisy_extras, ctx)
+            public = MappingProxyType(update.public_state())
     if ok:
         # the mechanism's moving parameters: from the released values and the update's
         # public state only (the hook's argument holds nothing else)
-        method.advance(Released(step=ctx.step, extras=MappingProxyType(release.noisy_extras),
-                                grads=tuple(release.grads), public=public))
+        mechanism.advance(Released(step=ctx.step, extras=MappingProxyType(release.noisy_extras),
+                                   grads=tuple(release.grads), public=public))
         ok = all_finite(params)
     if not ok and not skip:
         raise TrainingDiverged(
@@ -258,18 +266,18 @@ def apply_release(method: DPMethod, params: Sequence[torch.nn.Parameter], releas
             "last good checkpoint is kept. Lower the learning rate, or set "
             "trainer.nonfinite=skip to skip such updates (they stay accounted)")
     if not ok:
-        _restore(method, params, saved)
+        _restore(halves, params, saved)
     return ok
 
 
-def _snapshot(method: DPMethod, params: Sequence[torch.nn.Parameter]) -> dict[str, Any]:
+def _snapshot(halves: Halves, params: Sequence[torch.nn.Parameter]) -> dict[str, Any]:
     return {"params": [p.detach().clone() for p in params],
-            "method": copy.deepcopy(method.state_dict())}
+            "method": copy.deepcopy(halves.state_dict())}
 
 
-def _restore(method: DPMethod, params: Sequence[torch.nn.Parameter],
+def _restore(halves: Halves, params: Sequence[torch.nn.Parameter],
              saved: dict[str, Any]) -> None:
     with torch.no_grad():
         for p, v in zip(params, saved["params"]):
             p.copy_(v)
-    method.load_state_dict(saved["method"])
+    halves.load_state_dict(saved["method"])

@@ -99,7 +99,7 @@ def run_summary(trainer: Any) -> dict[str, Any]:
         "unprivatised_diagnostics": unprivatised_diagnostics(trainer),
         "privacy_ledger": trainer.ledger.to_json(),
         "mechanism": mechanism_record(trainer),
-        "method_summary": trainer.method.summary(),
+        "method_summary": trainer.halves.summary(),
         "wall_time_s": trainer.wall_time_s,
         # how it ran: K processes (one mask, noise once: distributed.py), the forward's
         # precision (the mechanism is float32 either way) and each rank's device
@@ -109,4 +109,7 @@ def run_summary(trainer: Any) -> dict[str, Any]:
         "data_notes": list(trainer.data.notes),
         # private runs: what the per-run check verified (engine_check_record)
         **({"engine_check": engine_check_record(trainer)} if trainer.engine_checks else {}),
+        # TESTS ONLY: a mechanism broken on purpose (audit/broken.py) says so in its record
+        **({"broken_on_purpose": trainer.method.broken_on_purpose}
+           if trainer.method.broken_on_purpose else {}),
     }

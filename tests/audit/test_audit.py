@@ -114,7 +114,10 @@ def test_the_broken_mechanism_keeps_the_check_on_and_patches_nothing():
         trainer = build_trainer(cfg, None,
                                 make_trainer=canaries.CanaryRun(audit_settings(cfg)))
         assert trainer.engine.unclipped is not checked  # the audit's wrapper, tests only
-        assert trainer.method.clip_factors.__self__ is trainer.method.mechanism  # no lambda
+        assert trainer.mechanism.clip_factors.__self__ is trainer.mechanism  # no lambda
+        # a broken mechanism is a wrapper (audit/broken.py), marked in the method's record
+        assert (trainer.method.broken_on_purpose is None) == (broken == "none")
+        assert type(trainer.mechanism).__name__.endswith("WithoutNoise") == (broken == "noise")
         assert step._check_bound is saved
         after = namespaces()  # nothing already loaded was replaced (new imports may add)
         assert {k: v for k, v in after.items() if k in before and v is not before[k]} == {}

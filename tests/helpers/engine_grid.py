@@ -654,7 +654,7 @@ def build(case: Case, mode: str):
 
     data = TensorDataset(*batch_of(case))
     verifier = EngineVerifier(case.model, loss_fn, data, torch.device("cpu"))
-    engine, _, _ = build_verified_engine(mode, case.model, DPSGD(), None, verifier)
+    engine, _, _ = build_verified_engine(mode, case.model, DPSGD.configured(), None, verifier)
     return engine
 
 

@@ -50,7 +50,7 @@ def assert_neighbours(case: grid.Case, run: grid.Run) -> None:
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=c,
                       expected_batch_size=float(n), sample_rate=0.5, dataset_size=2 * n,
                       total_steps=1)
-    method, engine = DPSGD(), run.engine_obj
+    method, engine = DPSGD.halves().mechanism, run.engine_obj
     plan = plan_at(method, 1.0, float(n))
     full = clipped_aggregate(method, engine, _Task(), (x, r), ctx, plan, None).sums
     for drop in range(n):

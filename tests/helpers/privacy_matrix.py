@@ -37,7 +37,7 @@ def sensitivity_ratio(method: str) -> float:
     for d, d2 in ((base, base + [adversarial_example(trainer.data)]), (base, base[1:])):
         agg, ctx = aggregate(trainer, d, state)
         agg2, _ = aggregate(trainer, d2, state)
-        worst = max(worst, distance(agg, agg2) / trainer.method.sensitivity(ctx))
+        worst = max(worst, distance(agg, agg2) / trainer.mechanism.sensitivity(ctx))
     return worst
 
 

@@ -44,8 +44,9 @@ def trained_trainer(name: str, steps: int = 3, mode: str | None = None):
     return trainer
 
 
-def aggregate(trainer, examples, generator_state):
-    """Return the pre-noise aggregate of ``examples`` at the current state (same RNG draws)."""
+def aggregate(trainer, examples, generator_state, mechanism=None):
+    """Return the pre-noise aggregate of ``examples`` at the current state (same RNG draws),
+    under the trainer's mechanism or ``mechanism`` (a test double)."""
     trainer.noise_generator.set_state(generator_state)
     # the same evaluation points (IVON's posterior sample, from the method stream); tasks with
     # per-example randomness (diffusion timesteps and noise) draw from the task stream in
@@ -56,10 +57,10 @@ def aggregate(trainer, examples, generator_state):
             generator.manual_seed(1234)
     torch.manual_seed(1234)
     ctx = trainer._context()
-    ctx.noise_std = trainer.step_plan.released_noise_std(trainer.method.sensitivity(ctx))
+    ctx.noise_std = trainer.step_plan.released_noise_std(trainer.mechanism.sensitivity(ctx))
     batch = default_collate(examples)
-    return clipped_aggregate(trainer.method, trainer.engine, trainer.task, batch, ctx,
-                             trainer.step_plan, None), ctx
+    return clipped_aggregate(mechanism or trainer.mechanism, trainer.engine, trainer.task,
+                             batch, ctx, trainer.step_plan, None), ctx
 
 
 def distance(a, b) -> float:

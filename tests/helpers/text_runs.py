@@ -34,7 +34,8 @@ def minilm_run(cache: str, mode: str = "hooks", device: str = "cpu",
     torch.manual_seed(0)
     model = minilm_lora((10,), 2, layers=[4, 5]).to(dtype)
     data = token_data()
-    trainer = Trainer(method=get_method("dplora")(optimizer=torch.optim.Adam), model=model,
+    trainer = Trainer(method=get_method("dplora").configured(optimizer=torch.optim.Adam),
+                      model=model,
                       task=TextClassification(data), data=data,
                       privacy=PrivacyConfig(noise_multiplier=1.0, target_epsilon=None,
                                               accountant="rdp"),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dpbench.errors import ConfigError
-from dpbench.methods.adaclip import COUNT_QUERY, AdaClip, geometric_update, gradient_sigma
+from dpbench.methods.adaclip import ADACLIP, COUNT_QUERY, geometric_update, gradient_sigma
 from dpbench.methods.base import Released, StepContext
 from dpbench.privacy.ledger import Query, combined_noise_multiplier
 from tests.helpers.config import compose_config, run_config
@@ -57,20 +57,20 @@ def test_small_sigma_b_rejected_before_training():
 
 
 def test_count_query_is_centred_with_half_sensitivity():
-    method = AdaClip(count_threshold=2.0, sigma_b=7.0)
+    method = ADACLIP.configured(count_threshold=2.0, sigma_b=7.0).halves()
     method.mechanism.threshold, method.mechanism.sigma_b = 1.5, 7.0
     norms = torch.tensor([0.1, 2.9, 3.0, 3.1, 10.0])
-    (q,) = method.extra_queries(norms, _ctx())
+    (q,) = method.mechanism.extra_queries(norms, _ctx())
     assert q.name == COUNT_QUERY and q.sensitivity == 0.5 and q.noise_std == 7.0
     assert q.values.tolist() == [0.5, 0.5, 0.5, -0.5, -0.5]  # 1[||g|| <= theta C_t] - 1/2
 
 
 def test_unclipped_fraction_recovered_from_centred_sum():
-    method = set_up(AdaClip(clip_lr=0.2, target_quantile=0.5, initial_clip=2.0, sigma_b=1.0),
-                    params_like())  # expected batch size 100
+    method = set_up(ADACLIP.configured(clip_lr=0.2, target_quantile=0.5, initial_clip=2.0,
+                                       sigma_b=1.0), params_like())  # expected batch size 100
     assert method.mechanism.threshold == 2.0
     # 100 expected examples, 80 of them unclipped: centred sum 80 * 0.5 - 20 * 0.5 = 30
-    method.advance(Released(step=0, extras={COUNT_QUERY: torch.tensor(30.0)}))
+    method.mechanism.advance(Released(step=0, extras={COUNT_QUERY: torch.tensor(30.0)}))
     assert method.mechanism.unclipped_fraction == pytest.approx(0.8)
     assert method.mechanism.threshold == pytest.approx(2.0 * math.exp(-0.2 * (0.8 - 0.5)))
     metrics = method.step_metrics()  # the update reports the threshold the step used
@@ -79,9 +79,9 @@ def test_unclipped_fraction_recovered_from_centred_sum():
 
 
 def test_the_threshold_moves_only_with_a_released_count():
-    method = set_up(AdaClip(initial_clip=2.0, sigma_b=1.0), params_like())
-    method.advance(Released(step=0))  # a non-private step: no count released
-    method.advance(Released(step=None))  # set-up / restore: no release
+    method = set_up(ADACLIP.configured(initial_clip=2.0, sigma_b=1.0).halves(), params_like())
+    method.mechanism.advance(Released(step=0))  # a non-private step: no count released
+    method.mechanism.advance(Released(step=None))  # set-up / restore: no release
     assert method.mechanism.threshold == 2.0 and method.mechanism.trajectory == []
 
 
@@ -92,11 +92,11 @@ def test_geometric_update_direction_and_floor():
 
 
 def test_normalised_clipping_bounds_contributions_by_one():
-    method = AdaClip(normalize=True)
+    method = ADACLIP.configured(normalize=True).halves()
     method.mechanism.threshold = 0.3
     norms = torch.tensor([0.0, 0.1, 0.3, 1.0, 50.0])
-    contrib = method.clip_factors(norms, _ctx()) * norms
-    assert float(contrib.max()) <= 1.0 + 1e-6 and method.sensitivity(_ctx()) == 1.0
+    contrib = method.mechanism.clip_factors(norms, _ctx()) * norms
+    assert float(contrib.max()) <= 1.0 + 1e-6 and method.mechanism.sensitivity(_ctx()) == 1.0
     assert contrib[1] == pytest.approx(0.1 / 0.3, rel=1e-4)  # unclipped: g / C_t
     assert contrib[4] == pytest.approx(1.0, rel=1e-4)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dpbench.errors import ConfigError
-from dpbench.methods.autoclip import AutoClip
+from dpbench.methods.autoclip import AUTOCLIP
 from dpbench.methods.base import StepContext
 from tests.helpers.config import compose_config, run_config
 
@@ -18,10 +18,10 @@ CTX = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm
 
 def test_factors_are_auto_s():
     norms = torch.tensor([0.0, 0.01, 1.0, 1e4])
-    factors = AutoClip().clip_factors(norms, CTX)
+    factors = AUTOCLIP.configured().halves().mechanism.clip_factors(norms, CTX)
     assert torch.allclose(factors, 1.0 / (norms + 0.01))
     contrib = factors * norms
-    assert float(contrib.max()) < AutoClip().sensitivity(CTX) == 1.0
+    assert float(contrib.max()) < AUTOCLIP.configured().halves().mechanism.sensitivity(CTX) == 1.0
     assert contrib[1] == pytest.approx(0.5)  # ||g|| = r: half
 
 

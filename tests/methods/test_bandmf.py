@@ -12,7 +12,7 @@ from torch.utils.data import TensorDataset
 
 from dpbench.errors import ConfigError
 from dpbench.experiment import build_trainer
-from dpbench.methods.bandmf import BandMF
+from dpbench.methods.bandmf import BANDMF
 from dpbench.privacy.verify import pld_epsilon
 from dpbench.training.batch_samplers import (
     CyclicPoissonSampler,
@@ -104,7 +104,7 @@ def test_released_noise_is_the_banded_recursion():
     shaper = trainer.noise_shaper
     z = [torch.randn(4) for _ in range(5)]
     w = [shaper([zt])[0] for zt in z]
-    c = trainer.method.mechanism.coefs
+    c = trainer.mechanism.coefs
     assert torch.allclose(w[0], z[0] / c[0])
     assert torch.allclose(w[3], (z[3] - c[1] * w[2] - c[2] * w[1]) / c[0], atol=1e-6)
 
@@ -155,6 +155,6 @@ def test_noise_history_that_does_not_fit_is_refused(monkeypatch):
 
 
 def test_settings_defaults_come_from_the_dataclass():
-    method = BandMF()
-    assert method.mechanism.config.bands == method.settings["bands"] >= 1
-    assert method.mechanism.config.strategy == "optimal"
+    method = BANDMF.configured().halves()
+    assert method.mechanism.settings.bands == BANDMF.settings.bands >= 1
+    assert method.mechanism.settings.strategy == "optimal"

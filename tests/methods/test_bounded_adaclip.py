@@ -19,8 +19,8 @@ SHRINK = ["dataset=digits", "model=logreg", "trainer.epochs=2", "trainer.batch_s
 def _trajectory(*overrides: str) -> list[float]:
     trainer = build_trainer(compose_config(*SHRINK, *overrides), None)
     trainer.fit()
-    return (trainer.method.summary()["clip_threshold_trajectory"]
-            + [trainer.method.mechanism.threshold])
+    return (trainer.halves.summary()["clip_threshold_trajectory"]
+            + [trainer.mechanism.threshold])
 
 
 def test_floor_always_holds_and_is_reached():

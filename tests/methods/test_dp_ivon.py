@@ -28,12 +28,13 @@ def test_noise_corrected_square_is_unbiased_for_the_clean_square():
 
 
 def _method(noise_std: float, **settings):
-    method = get_method("dp_ivon")(optimizer=lambda p: IVONOptimizer(p, ess=100.0), **settings)
+    method = get_method("dp_ivon").configured(
+        optimizer=lambda p: IVONOptimizer(p, ess=100.0), **settings).halves()
     param = torch.nn.Parameter(torch.zeros(20_000))
     info = RunInfo(dataset_size=100, expected_batch_size=10, sample_rate=0.1, total_steps=1,
                    noise_multiplier=1.0, clip_norm=1.0, private=True, task="classification",
                    device=torch.device("cpu"))
-    method.validate(info)
+    method.mechanism.validate(info)
     method.setup([param], info)
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=1.0,
                       expected_batch_size=10, sample_rate=0.1, dataset_size=100,
@@ -47,13 +48,13 @@ def test_curvature_reads_the_loop_noise_and_projects_to_zero():
     method, ctx = _method(noise_std)
     gen = torch.Generator().manual_seed(1)
     g_dp = noise_std * torch.randn(20_000, generator=gen)  # clean gradient 0: pure noise
-    (f,) = method.updater.curvature([g_dp], ctx)
+    (f,) = method.update.curvature([g_dp], ctx)
     zero = method.step_metrics()["vhat_zero_fraction"]
     assert abs(zero - 0.6827) < 0.01  # P(|Z| < 1) for Z ~ N(0, 1)
     expected = 100.0 * (g_dp.square() - noise_std ** 2).clamp(min=0)  # f = N v_hat
     torch.testing.assert_close(f, expected)
     off, ctx_off = _method(noise_std, correction=False)
-    (f_off,) = off.updater.curvature([g_dp], ctx_off)
+    (f_off,) = off.update.curvature([g_dp], ctx_off)
     torch.testing.assert_close(f_off, 100.0 * g_dp.square())
     assert off.step_metrics()["vhat_zero_fraction"] == 0.0
 
@@ -97,7 +98,6 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
     resumed.fit()
     for p, q in zip(straight.params, resumed.params):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
-    for h, k in zip(straight.method.updater.ivon.hessians(),
-                    resumed.method.updater.ivon.hessians()):
+    for h, k in zip(straight.update.ivon.hessians(), resumed.update.ivon.hessians()):
         torch.testing.assert_close(h, k, rtol=0, atol=0)
-    assert straight.method.updater.hess_mean() != pytest.approx(0.1)  # h moved away from h0
+    assert straight.update.hess_mean() != pytest.approx(0.1)  # h moved away from h0

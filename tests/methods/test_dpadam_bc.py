@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dpbench.errors import ConfigError
-from dpbench.methods.dpadam_bc import AdamBC, DPAdamBC
+from dpbench.methods.dpadam_bc import DPADAM_BC, AdamBC
 from tests.helpers.method_steps import ctx, params_like, released_stream, run_post_release, set_up
 from tests.helpers.numerics import SAFETY, assert_matches_reference, assert_trajectory_matches
 
@@ -48,10 +48,10 @@ def test_dpadam_bc_matches_the_papers_update_and_reads_sigma_w_from_ctx():
     params = params_like(shapes=((40,),))
     start = params[0].detach().clone()
     factory = functools.partial(AdamBC, lr=0.01, betas=(0.9, 0.99), eps=0.0, eps_v=1e-4)
-    method = set_up(DPAdamBC(optimizer=factory), params)
+    method = set_up(DPADAM_BC.configured(optimizer=factory).halves(), params)
     stream = released_stream(15, shapes=((40,),))
     run_post_release(method, stream, noise_std=0.05)
-    assert method.optimizer.param_groups[0]["noise_variance"] == pytest.approx(0.05 ** 2)
+    assert method.update.optimizer.param_groups[0]["noise_variance"] == pytest.approx(0.05 ** 2)
     expected = _reference_adambc(start, [s[0] for s in stream], 0.01, (0.9, 0.99), 0.0, 1e-4,
                                  0.05 ** 2)
     assert_matches_reference(params[0].detach(), expected, dtype=torch.float32,
@@ -63,7 +63,7 @@ def test_dpadam_bc_matches_the_papers_update_and_reads_sigma_w_from_ctx():
 
 
 def test_dpadam_bc_refuses_an_optimiser_that_cannot_correct():
-    method = DPAdamBC(optimizer=lambda p: torch.optim.Adam(p, lr=0.1))
+    method = DPADAM_BC.configured(optimizer=lambda p: torch.optim.Adam(p, lr=0.1)).halves()
     with pytest.raises(ConfigError, match="AdamBC"):
         set_up(method, params_like())
 
@@ -76,7 +76,8 @@ def test_adambc_rejects_bad_hyperparameters():
 
 
 def test_nonprivate_ctx_removes_nothing():
-    method = set_up(DPAdamBC(optimizer=functools.partial(AdamBC, lr=0.01)), params_like())
+    method = set_up(DPADAM_BC.configured(optimizer=functools.partial(AdamBC, lr=0.01)),
+                    params_like())
     c = ctx(noise_std=0.3, private=False)
-    method.update([torch.ones(5, 3), torch.ones(3)], c)
-    assert method.optimizer.param_groups[0]["noise_variance"] == 0.0
+    method.update.update([torch.ones(5, 3), torch.ones(3)], c)
+    assert method.update.optimizer.param_groups[0]["noise_variance"] == 0.0

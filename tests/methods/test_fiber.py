@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dpbench.errors import ConfigError
-from dpbench.methods.dpadam_bc import AdamBC, DPAdamBC
+from dpbench.methods.dpadam_bc import DPADAM_BC, AdamBC
 from dpbench.methods.fiber import FIBER, ema_noise_gain, innovation_noise_gain
 from tests.helpers.config import compose_config, run_config
 from tests.helpers.method_steps import (
@@ -28,12 +28,12 @@ ADAMBC = functools.partial(AdamBC, lr=0.01, weight_decay=0.01, eps_v=1e-6)
 def _filtered_variance(filter_name: str, omega: float, steps: int = 400,
                        coords: int = 20000) -> float:
     """Return Var(g~_T) when FIBER's own filter runs on unit white noise."""
-    method = set_up(FIBER(optimizer=ADAMBC, omega=omega, filter=filter_name),
+    method = set_up(FIBER.configured(optimizer=ADAMBC, omega=omega, filter=filter_name).halves(),
                     params_like(shapes=((coords,),)))
     gen = torch.Generator().manual_seed(3)
     out = None
     for t in range(steps):
-        out = method.postprocess([torch.randn(coords, generator=gen)], ctx(step=t))
+        out = method.update.postprocess([torch.randn(coords, generator=gen)], ctx(step=t))
     return float(out[0].var())
 
 
@@ -52,14 +52,14 @@ def test_noise_gain_limits():
 
 def test_omega_one_equals_dpadam_bc():
     ours, ref = params_like(), params_like()
-    fiber = set_up(FIBER(optimizer=ADAMBC, kappa=1.0, omega=1.0), ours)
-    bc = set_up(DPAdamBC(optimizer=ADAMBC), ref)
+    fiber = set_up(FIBER.configured(optimizer=ADAMBC, kappa=1.0, omega=1.0).halves(), ours)
+    bc = set_up(DPADAM_BC.configured(optimizer=ADAMBC).halves(), ref)
     stream = released_stream(30)
     run_post_release(fiber, stream, noise_std=0.08)
     run_post_release(bc, stream, noise_std=0.08)
     for p, q in zip(ours, ref):
         torch.testing.assert_close(p, q)
-    smoothed = set_up(FIBER(optimizer=ADAMBC, kappa=1.0, omega=0.5), params_like())
+    smoothed = set_up(FIBER.configured(optimizer=ADAMBC, kappa=1.0, omega=0.5), params_like())
     run_post_release(smoothed, stream, noise_std=0.08)
     assert (smoothed.params[0] - ours[0]).abs().max() > 1e-3
 
@@ -68,16 +68,16 @@ def _v_bar_error(correction: str, omega: float = 0.3, sigma_w: float = 1.0) -> f
     """Return mean(v_bar - c^2) / sigma_w^2 on constant gradients c plus N(0, sigma_w^2)."""
     coords, steps = 20000, 3000
     params = params_like(shapes=((coords,),))
-    method = set_up(FIBER(optimizer=functools.partial(AdamBC, lr=0.0, betas=(0.9, 0.999),
+    method = set_up(FIBER.configured(optimizer=functools.partial(AdamBC, lr=0.0, betas=(0.9, 0.999),
                                                       eps_v=1e-12),
-                          omega=omega, correction=correction), params)
+                          omega=omega, correction=correction).halves(), params)
     gen = torch.Generator().manual_seed(7)
     clean = torch.linspace(1.0, 3.0, coords) * sigma_w
     for t in range(steps):
         c = ctx(step=t, noise_std=sigma_w)
         released = [clean + sigma_w * torch.randn(coords, generator=gen)]
-        method.update(method.postprocess(released, c), c)
-    v_bar = method.optimizer.corrected_second_moment(params[0])
+        method.update.update(method.update.postprocess(released, c), c)
+    v_bar = method.update.optimizer.corrected_second_moment(params[0])
     return float((v_bar - clean ** 2).mean()) / sigma_w ** 2
 
 
@@ -92,25 +92,25 @@ def test_removed_variance_per_correction():
     c = ctx(noise_std=0.2)
     for correction, expected in [("filter_aware", innovation_noise_gain(0.5) * 0.04),
                                  ("standard", 0.04), ("none", 0.0)]:
-        method = FIBER(optimizer=ADAMBC, omega=0.5, correction=correction)
-        assert method.updater.removed_variance(c) == pytest.approx(expected)
-    ema = FIBER(optimizer=ADAMBC, omega=0.5, filter="ema")
-    assert ema.updater.removed_variance(c) == pytest.approx(ema_noise_gain(0.5) * 0.04)
+        method = FIBER.configured(optimizer=ADAMBC, omega=0.5, correction=correction).halves()
+        assert method.update.removed_variance(c) == pytest.approx(expected)
+    ema = FIBER.configured(optimizer=ADAMBC, omega=0.5, filter="ema").halves()
+    assert ema.update.removed_variance(c) == pytest.approx(ema_noise_gain(0.5) * 0.04)
 
 
 def test_state_round_trip_continues_identically():
     stream = released_stream(12)
-    straight = set_up(FIBER(optimizer=ADAMBC), params_like())
+    straight = set_up(FIBER.configured(optimizer=ADAMBC).halves(), params_like())
     run_post_release(straight, stream, noise_std=0.05)
-    first = set_up(FIBER(optimizer=ADAMBC), params_like())
+    first = set_up(FIBER.configured(optimizer=ADAMBC).halves(), params_like())
     run_post_release(first, stream[:6], noise_std=0.05)
     resumed_params = [torch.nn.Parameter(p.detach().clone()) for p in first.params]
-    resumed = set_up(FIBER(optimizer=ADAMBC), resumed_params)
+    resumed = set_up(FIBER.configured(optimizer=ADAMBC).halves(), resumed_params)
     resumed.load_state_dict(first.state_dict())
     run_post_release(resumed, stream[6:], noise_std=0.05)
     for p, q in zip(straight.params, resumed.params):
         torch.testing.assert_close(p, q)
-    points = resumed.evaluation_points(ctx(step=12))
+    points = resumed.mechanism.evaluation_points(ctx(step=12))
     assert len(points) == 2 and points[1].offsets is not None
 
 
@@ -118,14 +118,15 @@ def test_state_round_trip_continues_identically():
                                        ("correction", "half")])
 def test_bad_settings_are_config_errors(key, value):
     with pytest.raises(ConfigError, match=key):
-        FIBER(optimizer=ADAMBC, **{key: value}).validate(info())
+        FIBER.configured(optimizer=ADAMBC, **{key: value}).halves().mechanism.validate(info())
 
 
 def test_correction_needs_adambc_but_none_does_not():
     with pytest.raises(ConfigError, match="AdamBC"):
-        set_up(FIBER(optimizer=lambda p: torch.optim.AdamW(p, lr=0.01)), params_like())
-    set_up(FIBER(optimizer=lambda p: torch.optim.AdamW(p, lr=0.01), correction="none"),
-           params_like())
+        set_up(FIBER.configured(optimizer=lambda p: torch.optim.AdamW(p, lr=0.01)),
+               params_like())
+    set_up(FIBER.configured(optimizer=lambda p: torch.optim.AdamW(p, lr=0.01),
+                            correction="none"), params_like())
 
 
 # ---- through the loop: same privacy as DP-AdamW, compute recorded ------------------------

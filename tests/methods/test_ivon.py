@@ -10,7 +10,7 @@ from torch import nn
 
 from dpbench.errors import ConfigError
 from dpbench.methods import get_method
-from dpbench.methods.base import RunInfo, StepContext
+from dpbench.methods.base import Halves, RunInfo, StepContext
 from dpbench.methods.ivon import IVON, IVONOptimizer
 from dpbench.utils.tensors import parameters_at
 from tests.helpers.config import compose_config, run_config
@@ -34,9 +34,8 @@ def _info(n: int, private: bool = False) -> RunInfo:
                    task="classification", device=torch.device("cpu"))
 
 
-def _ivon(params, n: int, **settings) -> IVON:
-    method = IVON(optimizer=lambda p: IVONOptimizer(p, ess=n, **HYPER), **settings)
-    method.validate(_info(n))
+def _ivon(params, n: int, **settings) -> Halves:
+    method = IVON.configured(lambda p: IVONOptimizer(p, ess=n, **HYPER), **settings).halves()
     method.setup(params, _info(n))
     return method
 
@@ -62,16 +61,16 @@ def test_reparam_trajectory_matches_ivon_opt_oracle():
         ctx = StepContext(step=step, epoch=0, private=False, noise_multiplier=0.0,
                           clip_norm=1.0, expected_batch_size=40, sample_rate=1.0,
                           dataset_size=n, total_steps=steps, method_generator=gen)
-        (point,) = method.evaluation_points(ctx)
+        (point,) = method.mechanism.evaluation_points(ctx)
         with parameters_at(params, point.offsets):
             grads = torch.autograd.grad(loss_fn(ours_model(x), y), params)
-        post_release(method, list(grads), ctx)  # the update, then the mechanism's advance
+        post_release(method, list(grads), ctx, points=(point,))  # the update, then advance
     start, _, _ = _problem(dtype=torch.float64)
     for p, q, p0 in zip(params, ref_model.parameters(), start.parameters()):
         assert_matches_reference(p.detach() - p0.detach(), q.detach() - p0.detach(),
                                  reduction=40, safety=SAFETY * steps, name="parameters moved")
     ref_hess = ref.param_groups[0]["hess"]
-    ours_hess = torch.cat([h.flatten() for h in method.updater.ivon.hessians()])
+    ours_hess = torch.cat([h.flatten() for h in method.update.ivon.hessians()])
     assert ours_hess.dtype == ref_hess.dtype == torch.float64
     assert_matches_reference(ours_hess, ref_hess, reduction=40, safety=SAFETY * steps,
                              name="hessian")
@@ -84,11 +83,11 @@ def test_posterior_samples_follow_n_m_one_over_n_h_delta():
     params = list(model.parameters())
     method = _ivon(params, n)
     with torch.no_grad():  # a non-uniform h so the variance check is per coordinate
-        for h in method.updater.ivon.hessians():
+        for h in method.update.ivon.hessians():
             h.copy_(torch.linspace(0.01, 2.0, h.numel()).view_as(h))
     gen = torch.Generator().manual_seed(0)
-    draws = [method.updater.ivon.sample_offsets(gen) for _ in range(4000)]
-    for i, h in enumerate(method.updater.ivon.hessians()):
+    draws = [method.update.ivon.sample_offsets(gen) for _ in range(4000)]
+    for i, h in enumerate(method.update.ivon.hessians()):
         sample = torch.stack([d[i] for d in draws])
         var = 1.0 / (n * (h + HYPER["weight_decay"]))
         # mean 0 within 5 standard errors; variance within 10% (4000 draws: se ~ 2.2%)
@@ -103,7 +102,7 @@ def test_evaluation_points_average_mc_samples_with_weight_one_over_s():
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=1.0,
                       expected_batch_size=10, sample_rate=0.1, dataset_size=100,
                       total_steps=1, method_generator=torch.Generator().manual_seed(0))
-    points = method.evaluation_points(ctx)
+    points = method.mechanism.evaluation_points(ctx)
     assert len(points) == 4 and math.isclose(sum(p.weight for p in points), 1.0)
     assert not torch.equal(points[0].offsets[0], points[1].offsets[0])
 
@@ -112,12 +111,12 @@ def test_evaluation_points_average_mc_samples_with_weight_one_over_s():
                                       {"mc_samples": 0}, {"eval_samples": -1}])
 def test_bad_settings_are_config_errors(settings):
     with pytest.raises(ConfigError):
-        IVON(**settings).validate(_info(10))
+        IVON.configured(**settings).halves().setup([], _info(10))
 
 
 def test_wrong_optimizer_is_a_config_error():
     model, _, _ = _problem()
-    method = IVON(optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    method = IVON.configured(lambda p: torch.optim.SGD(p, lr=0.1)).halves()
     with pytest.raises(ConfigError, match="IVONOptimizer"):
         method.setup(list(model.parameters()), _info(10))
 

@@ -36,28 +36,29 @@ OUT_OF_RANGE = [
 WRONG_TYPE = {float: "abc", int: "1.5", bool: "maybe"}
 
 
-def _settings_keys_read(cls: type) -> set[str]:
-    """Return the keys the method's code reads as ``self.settings["key"]`` (the whole MRO of
-    the method, its mechanism and its update)."""
+def _settings_keys_read(method) -> set[str]:
+    """Return the keys the method's code reads as ``self.settings.<key>`` (the whole MRO of
+    its mechanism and its update)."""
     keys: set[str] = set()
-    for klass in {*cls.__mro__, *cls.mechanism_cls.__mro__, *cls.update_cls.__mro__}:
+    for klass in {*method.mechanism_cls.__mro__, *method.update_cls.__mro__}:
         if not klass.__module__.startswith("dpbench.methods"):
             continue
         tree = ast.parse(inspect.getsource(klass))
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
-                    and node.value.attr == "settings" and isinstance(node.slice, ast.Constant)):
-                keys.add(node.slice.value)
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                    and node.value.attr == "settings"):
+                keys.add(node.attr)
     return keys
 
 
 @pytest.mark.parametrize("name", METHODS)
 def test_every_method_has_a_settings_dataclass(name):
-    cls = get_method(name)
-    assert dataclasses.is_dataclass(cls.settings_cls), f"{name}: settings_cls is no dataclass"
-    defaults = dataclasses.asdict(cls.settings_cls())
-    assert cls.settings_defaults() == defaults
-    assert _settings_keys_read(cls) <= set(defaults), (
+    method = get_method(name)
+    assert dataclasses.is_dataclass(method.settings_cls), f"{name}: settings is no dataclass"
+    assert method.settings_cls.__dataclass_params__.frozen, f"{name}: settings not frozen"
+    defaults = dataclasses.asdict(method.settings_cls())
+    assert method.settings_defaults() == defaults == dataclasses.asdict(method.settings)
+    assert _settings_keys_read(method) <= set(defaults), (
         f"{name} reads settings its dataclass does not define")
 
 
@@ -66,7 +67,7 @@ def test_composed_settings_are_the_dataclass_and_what_the_method_reads(name):
     cls = get_method(name)
     cfg = compose_config(f"method={name}")
     assert OmegaConf.get_type(cfg.method.settings) is cls.settings_cls  # typed at composition
-    composed = OmegaConf.to_container(cfg.method.settings, resolve=True)
+    composed = OmegaConf.to_object(cfg.method.settings)
     assert build_method(cfg).settings == composed
     # the YAML only says what differs from the dataclass's defaults
     raw = yaml.safe_load((Path(CONF_DIR) / "method" / f"{name}.yaml").read_text())
@@ -107,11 +108,18 @@ def test_out_of_range_is_one_line_naming_the_key_before_data(name, key, value, m
 
 def test_python_construction_is_checked_the_same_way():
     fiber = get_method("fiber")
-    assert fiber(omega=1).settings["omega"] == 1.0  # converted like a composed value
+    assert fiber.configured(omega=1).settings.omega == 1.0  # converted like a composed value
     with pytest.raises(ConfigError, match=r"method\.settings\.omega: .*Float"):
-        fiber(omega="abc")
+        fiber.configured(omega="abc")
     with pytest.raises(ConfigError, match=r"has no setting\(s\) \['nosuch'\]"):
-        fiber(nosuch=1)
+        fiber.configured(nosuch=1)
+
+
+def test_settings_are_the_frozen_dataclass_itself():
+    settings = get_method("disk").configured(kappa=0.5).settings
+    assert type(settings).__name__ == "DiSKSettings" and settings.kappa == 0.5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.kappa = 1.0  # type: ignore[misc]
 
 
 def test_cli_refuses_out_of_range_setting_in_one_line(monkeypatch, tmp_path, capfd):

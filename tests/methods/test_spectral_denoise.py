@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -9,9 +10,10 @@ import pytest
 import torch
 
 from dpbench.errors import ConfigError
-from dpbench.methods.base import StepContext
-from dpbench.methods.spectral_denoise import SpectralDenoise, denoise_matrices, optimal_shrinkage
+from dpbench.methods.base import Halves, StepContext
+from dpbench.methods.spectral_denoise import SPECTRAL_DENOISE, denoise_matrices, optimal_shrinkage
 from tests.helpers.config import compose_config, run_config
+from tests.helpers.method_steps import info
 from tests.helpers.numerics import assert_matches_reference
 
 pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
@@ -75,11 +77,11 @@ def test_norm_preserved_and_below_gate_unchanged():
     assert not bool(passed_k[0]) and torch.equal(out_k[0], strong)
 
 
-def _method(**settings) -> SpectralDenoise:
+def _method(**settings) -> Halves:
     model = torch.nn.Sequential(torch.nn.Linear(40, 30), torch.nn.Tanh(), torch.nn.Linear(30, 3))
-    method = SpectralDenoise(**settings)
-    method.configure_model(model)
-    method.setup(list(model.parameters()), None)  # type: ignore[arg-type]
+    method = SPECTRAL_DENOISE.configured(**settings).halves()
+    names = tuple(name for name, _ in model.named_parameters())
+    method.update.setup(list(model.parameters()), dataclasses.replace(info(), param_names=names))
     return method
 
 
@@ -91,25 +93,25 @@ def _ctx(noise_std: float, private: bool = True) -> StepContext:
 
 def test_postprocess_selects_matrices_and_reports():
     method = _method(targets="all_2d")
-    assert method.updater.selected == [0, 2]  # the two weights; biases untouched
+    assert method.update.selected == [0, 2]  # the two weights; biases untouched
     s = 0.01
     clean, noisy = _low_rank_plus_noise(30, 40, rank=2, signal=2.0, s=s, seed=4)
     grads = [noisy, torch.randn(30), s * torch.randn(3, 30), torch.randn(3)]
-    out = method.postprocess(grads, _ctx(s))
+    out = method.update.postprocess(grads, _ctx(s))
     assert out[1] is grads[1] and out[3] is grads[3]
     assert _cos(out[0], clean) > _cos(noisy, clean)
     metrics = method.step_metrics()
     assert metrics["denoise_matrices"] == 2 and 1 <= metrics["denoise_passed"] <= 2
     assert 0 < metrics["denoise_cosine"] < 1
     # non-private runs (no noise) are left alone
-    assert method.postprocess(grads, _ctx(0.0, private=False)) is grads
+    assert method.update.postprocess(grads, _ctx(0.0, private=False)) is grads
 
 
 def test_bad_settings_and_no_lora_matrix_raise():
     with pytest.raises(ConfigError, match="targets"):
-        SpectralDenoise(targets="everything").validate(None)  # type: ignore[arg-type]
+        SPECTRAL_DENOISE.configured(targets="everything").halves().mechanism.validate(None)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="kappa"):
-        SpectralDenoise(kappa=0).validate(None)  # type: ignore[arg-type]
+        SPECTRAL_DENOISE.configured(kappa=0).halves().mechanism.validate(None)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="no trainable 2-D parameter"):
         _method(targets="lora")
 

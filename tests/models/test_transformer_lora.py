@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from dpbench.training.engine.choice import build_engine
 from dpbench.utils.pretrained import from_pretrained
 from tests.helpers.config import compose_config
 from tests.helpers.engines import ONE_POINT
+from tests.helpers.method_steps import info
 from tests.helpers.numerics import assert_matches_reference, float64_copy, one_at_a_time_grads
 from tests.helpers.synthetic import write_sst2
 
@@ -95,17 +97,18 @@ def test_lora_per_example_gradients_exact_and_ghost_matches(tmp_path):
 
 def test_linear_adapter_trains_target_weights_directly():
     """adapter=linear: the query/value weights and the head train; spectral all_2d selects them."""
-    from dpbench.methods.spectral_denoise import SpectralDenoise
+    from dpbench.methods.spectral_denoise import SPECTRAL_DENOISE
 
     model = minilm_lora((12,), 2, adapter="linear")
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert len(trainable) == 6 * 2 + 2 and not any("lora_" in n for n in trainable)
     assert all(n.endswith(("query.weight", "value.weight")) or n.startswith("head.")
                for n in trainable)
-    method = SpectralDenoise(targets="all_2d")
-    method.configure_model(model)
-    method.setup([p for p in model.parameters() if p.requires_grad], None)  # type: ignore
-    assert len(method.updater.selected) == 13  # 12 weights 384 x 384 and the 2 x 384 head
+    update = SPECTRAL_DENOISE.configured(targets="all_2d").halves().update
+    names = tuple(n for n, p in model.named_parameters() if p.requires_grad)
+    update.setup([p for p in model.parameters() if p.requires_grad],
+                 dataclasses.replace(info(), param_names=names))
+    assert len(update.selected) == 13  # 12 weights 384 x 384 and the 2 x 384 head
 
 
 def test_bad_model_settings_raise():

@@ -21,6 +21,7 @@ from dpbench.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from dpbench.utils.io import atomic_write_json
 from tests.helpers.cli import QUIET_CLI, run_cli
 from tests.helpers.config import REPO, compose_config
+from tests.helpers.wrapped import build_wrapped, poisoned_at
 
 pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
@@ -75,28 +76,20 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
         [r["epsilon"] for r in reference["history"]], rel=1e-12)
 
 
-def _poison(trainer, bad_steps: set[int]):
-    """Make the update turn the weights NaN at the given steps (a fault, not a config).
+def _poisoned(overrides, run_dir, bad_steps):
+    """Return the run of ``overrides`` whose update turns the weights NaN after ``bad_steps``
+    (a fault, not a config; an update wrapper, tests/helpers/wrapped.py).
 
     A NaN *example* is dropped before the noise and never stops a run
     (tests/training/test_nonfinite.py); only released quantities and their post-processing,
     such as the updated weights, decide.
     """
-    update = trainer.method.update
-
-    def poisoned(grads, ctx):
-        update(grads, ctx)
-        if ctx.step in bad_steps:
-            with torch.no_grad():
-                trainer.params[0].fill_(math.nan)
-
-    trainer.method.update = poisoned
+    return build_wrapped(compose_config(*overrides), run_dir, update=poisoned_at(bad_steps))
 
 
 def test_nan_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path):
-    trainer = build_trainer(compose_config(*RUN), tmp_path)
-    per_epoch = trainer.plan.steps_per_epoch
-    _poison(trainer, {per_epoch + 3})  # in epoch 2
+    per_epoch = build_trainer(compose_config(*RUN), None).plan.steps_per_epoch
+    trainer = _poisoned(RUN, tmp_path, {per_epoch + 3})  # in epoch 2
     with pytest.raises(TrainingDiverged, match="non-finite released gradient or update at step"):
         trainer.fit()
     state = load_checkpoint(tmp_path / CHECKPOINT_NAME)
@@ -107,9 +100,7 @@ def test_nan_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_p
 
 def test_nan_skip_skips_the_update_but_accounts_the_step(tmp_path):
     clean = build_trainer(compose_config(*RUN, "trainer.epochs=1"), None).fit()
-    trainer = build_trainer(compose_config(*RUN, "trainer.epochs=1",
-                                           "trainer.nonfinite=skip"), None)
-    _poison(trainer, {2, 5})
+    trainer = _poisoned([*RUN, "trainer.epochs=1", "trainer.nonfinite=skip"], None, {2, 5})
     result = trainer.fit()
     assert result["skipped_steps"] == 2
     assert result["steps"] == clean["steps"]

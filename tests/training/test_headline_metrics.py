@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 import torch
 
-from dpbench.experiment import build_trainer
 from tests.helpers.config import compose_config
+from tests.helpers.wrapped import build_wrapped, never_applied
 
 pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
@@ -34,8 +34,8 @@ def _json(value) -> str:
 
 
 def _run(overrides, scale: float) -> dict:
-    trainer = build_trainer(compose_config(*overrides), None)
-    trainer.method.update = lambda grads, ctx: None  # released, accounted, never applied
+    # released, accounted, never applied
+    trainer = build_wrapped(compose_config(*overrides), update=never_applied)
     test_before = [t.clone() for t in trainer.data.test.tensors]
     with torch.no_grad():
         trainer.data.train.tensors[0].mul_(scale)  # other training data, same test data

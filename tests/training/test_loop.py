@@ -23,7 +23,7 @@ class _Trajectory(Callback):
         self.steps: list[torch.Tensor] = []
 
     def on_step_end(self, trainer, metrics):
-        self.steps.append(torch.cat([p.detach().flatten() for p in trainer.model.parameters()]))
+        self.steps.append(torch.cat([w.flatten() for w in trainer.weights]))
 
 
 def test_nonprivate_equals_plain_sgd_on_the_same_batches():

@@ -15,6 +15,7 @@ from dpbench.tasks import get_task
 from dpbench.training.engine.choice import build_engine
 from dpbench.training.step import plan_at, private_release
 from tests.helpers.config import compose_config
+from tests.helpers.wrapped import build_wrapped, poisoned_at
 
 pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
@@ -36,14 +37,15 @@ def _release(method_name: str, mode: str, batch, seed: int = 5):
     torch.manual_seed(0)
     net = get_model_builder("mlp")((1, 8, 8), 10)
     engine = build_engine(net, mode)
-    method = get_method(method_name)(optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    halves = get_method(method_name).configured(lambda p: torch.optim.SGD(p, lr=0.1)).halves()
+    method = halves.mechanism
     ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=0.5,
                       expected_batch_size=24.0, sample_rate=0.1, dataset_size=240,
                       total_steps=10)
     if method_name == "adaclip":
         from dpbench.methods.base import RunInfo
 
-        method.setup(list(net.parameters()), RunInfo(
+        halves.setup(list(net.parameters()), RunInfo(
             dataset_size=240, expected_batch_size=24.0, sample_rate=0.1, total_steps=10,
             noise_multiplier=1.0, clip_norm=0.5, private=True, task="classification",
             device=torch.device("cpu")))
@@ -117,16 +119,8 @@ def test_nan_records_never_skip_or_stop_and_the_loss_is_the_finite_mean(nonfinit
 
 def test_a_non_finite_update_is_skipped_from_released_quantities_and_restored():
     """The optimiser (post-processing) turns the weights NaN: skip restores the model."""
-    trainer = build_trainer(compose_config(*RUN, "trainer.nonfinite=skip"), None)
-    update = trainer.method.update
-
-    def poisoned(grads, ctx):
-        update(grads, ctx)
-        if ctx.step in (2, 5):
-            with torch.no_grad():
-                trainer.params[0].fill_(math.nan)
-
-    trainer.method.update = poisoned
+    trainer = build_wrapped(compose_config(*RUN, "trainer.nonfinite=skip"),
+                            update=poisoned_at({2, 5}))
     before: dict[int, list[torch.Tensor]] = {}
     train_step = trainer.train_step
 

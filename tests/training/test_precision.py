@@ -46,12 +46,12 @@ def test_bf16_neighbouring_batches_within_sensitivity(mode):
     huge, ctx = _aggregate(trainer, [adversary], state)
     assert huge.norms.dtype == torch.float32 and all(s.dtype == torch.float32
                                                      for s in huge.sums)
-    assert float(huge.norms.max()) > 2 * trainer.method.sensitivity(ctx)  # the clip is active
+    assert float(huge.norms.max()) > 2 * trainer.mechanism.sensitivity(ctx)  # the clip is active
     for d, d_prime in ((base, base + [adversary]), (base + [adversary], base),
                        (base, base + [data[0]])):
         agg, ctx = _aggregate(trainer, d, state)
         agg_prime, _ = _aggregate(trainer, d_prime, state)
-        bound = trainer.method.sensitivity(ctx) * (1 + SENSITIVITY_SLACK)
+        bound = trainer.mechanism.sensitivity(ctx) * (1 + SENSITIVITY_SLACK)
         assert _distance(agg, agg_prime) <= bound
 
 

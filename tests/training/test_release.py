@@ -7,7 +7,7 @@ import torch
 
 from dpbench.errors import PrivacyError
 from dpbench.methods import get_method
-from dpbench.methods.base import DPMethod, Mechanism, StepContext
+from dpbench.methods.base import Mechanism, StepContext
 from dpbench.models import get_model_builder
 from dpbench.tasks import get_task
 from dpbench.training.engine.choice import build_engine
@@ -38,8 +38,9 @@ def _release(method, engine, task, batch, sigma=1.0, clip=0.5, b=24.0, seed=0,
                            noise=torch.Generator().manual_seed(seed))
 
 
-def _method(name="dpsgd") -> DPMethod:
-    return get_method(name)(optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+def _method(name="dpsgd") -> Mechanism:
+    """Return the mechanism of ``name`` (the half the release calls)."""
+    return get_method(name).halves().mechanism
 
 
 def test_each_clipped_contribution_has_norm_at_most_c():
@@ -72,13 +73,9 @@ def test_lying_method_is_refused():
         def clip_factors(self, norms, ctx):
             return torch.ones_like(norms)
 
-    class NoClip(DPMethod):
-        name = "noclip_test"
-        mechanism_cls = NoClipping
-
     net, engine, batch = _setup()
     with pytest.raises(PrivacyError, match="sensitivity"):
-        _release(NoClip(), engine, get_task("classification")(), batch)
+        _release(NoClipping("noclip_test", None), engine, get_task("classification")(), batch)
 
 
 @pytest.mark.parametrize("mode", ["functorch", "ghost"])
@@ -114,8 +111,7 @@ def test_empty_batch_releases_noise_only():
 def test_clipped_fraction_counts_examples_scaled_to_the_bound(normalize):
     """The diagnostic counts examples cut to the sensitivity, for flat and normalised clipping."""
     task = get_task("classification")()
-    method = get_method("dpsgd")(optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-                                 normalize=normalize)
+    method = get_method("dpsgd").configured(normalize=normalize).halves().mechanism
     _, engine, batch = _setup()
     norms = flat_norms(engine.per_example(task.per_example_loss, batch)[0])
     for clip in (float(norms.min()) / 2, float(norms.median()), float(norms.max()) * 2):

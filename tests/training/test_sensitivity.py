@@ -9,7 +9,6 @@ points and with its state after a few real steps (DiSK's direction, adaptive C_t
 from __future__ import annotations
 
 import pytest
-import torch
 
 from dpbench.errors import PrivacyError
 from dpbench.experiment import build_trainer
@@ -24,6 +23,7 @@ from tests.helpers.sensitivity import (
     scaled,
     trained_trainer,
 )
+from tests.helpers.wrapped import unclipped
 
 pytestmark = pytest.mark.privacy_matrix  # make test-privacy
 
@@ -41,7 +41,7 @@ def test_neighbouring_batches_within_sensitivity(name, mode):
     for scale in (ADVERSARIAL_SCALE, 1e2, 1e1):  # the largest scale whose gradient is finite
         adversary = scaled(data[0], scale, trainer.data.num_classes)
         huge, ctx = aggregate(trainer, [adversary], state)  # a non-finite one is dropped
-        if huge.norms.numel() and float(huge.norms.max()) > 2 * trainer.method.sensitivity(ctx):
+        if huge.norms.numel() and float(huge.norms.max()) > 2 * trainer.mechanism.sensitivity(ctx):
             break
     neighbours = {  # the differing example is last (see aggregate)
         "added huge example": (base, base + [adversary]),
@@ -52,7 +52,7 @@ def test_neighbouring_batches_within_sensitivity(name, mode):
     for label, (d, d_prime) in neighbours.items():
         agg, ctx = aggregate(trainer, d, state)
         agg_prime, _ = aggregate(trainer, d_prime, state)
-        bound = trainer.method.sensitivity(ctx) * (1 + SENSITIVITY_SLACK)
+        bound = trainer.mechanism.sensitivity(ctx) * (1 + SENSITIVITY_SLACK)
         assert distance(agg, agg_prime) <= bound, f"{name}, {label}: gradient sum moved too far"
         for qname, spec in agg.extra_specs.items():
             diff = abs(float(agg.extra_sums.get(qname, 0.0))
@@ -60,15 +60,15 @@ def test_neighbouring_batches_within_sensitivity(name, mode):
             assert diff <= spec.sensitivity * (1 + SENSITIVITY_SLACK), f"{name}: {qname}"
         assert [q.name for q in agg.queries] == [q.name for q in agg_prime.queries]
     huge, _ = aggregate(trainer, [adversary], state)
-    assert float(huge.norms.max()) > 2 * trainer.method.sensitivity(ctx)  # clip active
+    assert float(huge.norms.max()) > 2 * trainer.mechanism.sensitivity(ctx)  # clip active
 
 
 @pytest.mark.parametrize("mode", ["hooks", "bk"])
 def test_unclipped_contribution_is_refused(monkeypatch, mode):
     """Negative control: with clipping switched off the loop's release refuses the batch."""
     trainer = trained_trainer("dpsgd", steps=1, mode=mode)
-    monkeypatch.setattr(trainer.method, "clip_factors", lambda norms, ctx: torch.ones_like(norms))
+    no_clip = unclipped(type(trainer.mechanism))(trainer.method.name, trainer.method.settings)
     adversary = adversarial_example(trainer.data)
     with pytest.raises(PrivacyError, match="sensitivity"):
         aggregate(trainer, [trainer.data.train[1], adversary],
-                  trainer.noise_generator.get_state())
+                  trainer.noise_generator.get_state(), no_clip)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from dpbench.audit.broken import noise_scaled
 from dpbench.audit.mia.settings import MIASettings
 from dpbench.audit.mia.split import memberships, model_seed
 from dpbench.data.base import TaskData, subset_indices
@@ -76,39 +77,6 @@ def _outputs(trainer: Trainer, dataset: Dataset, shift: tuple[int, int] = (0, 0)
     return lp[np.arange(len(y)), y], logit_confidence(lp, y)
 
 
-class _ReducedNoise:
-    """TESTS ONLY (``mia.break_noise_scale``): the method with its released noise scaled.
-
-    The method's own noise shaper (if any) runs first; its output is multiplied by ``scale``.
-    Every other attribute is the method's, so the loop still accounts the planned mechanism:
-    a hidden noise bug, which the warnings of dpbench-mia must catch.
-    """
-
-    def __init__(self, method: Any, scale: float) -> None:
-        self.method, self.scale = method, scale
-
-    def noise_shaper(self, info: Any) -> Any:
-        inner, scale = self.method.noise_shaper(info), self.scale
-
-        class Scaled:
-            def __call__(self, noise: list[torch.Tensor]) -> list[torch.Tensor]:
-                return [z * scale for z in (inner(noise) if inner is not None else noise)]
-
-            def state_dict(self) -> dict[str, Any]:
-                return inner.state_dict() if inner is not None else {}
-
-            def load_state_dict(self, state: dict[str, Any], device: Any = None) -> None:
-                if inner is not None:
-                    inner.load_state_dict(state, device)
-
-        return Scaled()
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "method":
-            raise AttributeError(name)
-        return getattr(self.method, name)
-
-
 class _OnHalf:
     """``make_trainer`` for ``experiment.build``: the Trainer with its training set replaced
     (and, in tests only, its noise reduced: ``noise_scale`` below 1)."""
@@ -119,7 +87,7 @@ class _OnHalf:
 
     def __call__(self, *, data: TaskData, **kwargs: Any) -> Trainer:
         if self.noise_scale != 1.0:  # TESTS ONLY
-            kwargs["method"] = _ReducedNoise(kwargs["method"], self.noise_scale)
+            kwargs["method"] = noise_scaled(kwargs["method"], self.noise_scale)
         if data.task not in ATTACKABLE_TASKS:
             tasks = ", ".join(ATTACKABLE_TASKS)
             raise ConfigError(f"dpbench-mia attacks classification models ({tasks}; dataset "

@@ -47,7 +47,7 @@ def test_auto_picks_bk_for_methods_combining_several_points():
 def test_auto_picks_hooks_where_gradients_must_be_materialised():
     linear = nn.Sequential(nn.Linear(2, 2))
     task = get_task("classification")()
-    dpsgd = get_method("dpsgd")()
+    dpsgd = get_method("dpsgd").configured()
     assert choose_grad_sample_mode("auto", linear, dpsgd, task) == "bk"
     assert choose_grad_sample_mode("auto", linear, dpsgd, task, materialise=True) == "hooks"
     prelu = nn.Sequential(nn.Linear(2, 2), nn.PReLU())  # no book-keeping rule
@@ -58,7 +58,7 @@ def test_auto_picks_hooks_where_gradients_must_be_materialised():
 
 def test_bk_refused_for_runs_that_read_per_example_gradients():
     with pytest.raises(ConfigError, match="bk"):
-        choose_grad_sample_mode("bk", nn.Linear(2, 2), get_method("dpsgd")(),
+        choose_grad_sample_mode("bk", nn.Linear(2, 2), get_method("dpsgd").configured(),
                                 get_task("classification")(), materialise=True)
 
 
@@ -92,8 +92,7 @@ def test_bk_feeds_the_diffusion_gradient_diagnostics_exactly():
             model = float64_copy(model)
         task = get_task("ts_diffusion")(diffusion_steps=8, resample_train_masks=False)
         assert task.observes_gradients
-        method = get_method("dp_adaln")()
-        method.setup([p for p in model.parameters() if p.requires_grad], None)
+        method = get_method("dp_adaln").halves().mechanism
         engine = build_engine(model, mode)
         ctx = StepContext(step=0, epoch=0, private=True, noise_multiplier=1.0, clip_norm=1.0,
                           expected_batch_size=b, sample_rate=0.1, dataset_size=10 * b,

@@ -96,13 +96,14 @@ def _context(n: int, clip: float) -> StepContext:
 
 
 def _two_point_method(name: str, model: nn.Module):
-    """Return DiSK/FIBER with a previous step (so theta + gamma d is a second point)."""
-    method = get_method(name)(optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    """Return DiSK/FIBER's mechanism with a previous step (so theta + gamma d is a second
+    point)."""
+    method = get_method(name).halves().mechanism
     params = [p for p in model.parameters() if p.requires_grad]
     method.params = params
     gen = torch.Generator().manual_seed(5)
     # drawn in float64 whatever the model's dtype: the same points for every precision
-    method.mechanism.previous_params = [
+    method.previous_params = [
         p.detach() - (0.3 * (p.detach().double().abs().mean() + 1e-3)
                       * torch.randn(p.shape, generator=gen, dtype=torch.float64)).to(p.dtype)
         for p in params]
@@ -181,15 +182,15 @@ def test_bk_combination_has_the_cross_term():
 
 def test_ivon_with_two_samples_runs_under_bk_and_auto_picks_it():
     from dpbench.methods.ivon import IVONOptimizer
-    method = get_method("dp_ivon")(optimizer=lambda p: IVONOptimizer(p, lr=0.1), mc_samples=2,
-                                   hess="gradsq")
+    method = get_method("dp_ivon").configured(
+        optimizer=lambda p: IVONOptimizer(p, lr=0.1), mc_samples=2, hess="gradsq")
     model = nn.Linear(3, 2)
     assert choose_grad_sample_mode("auto", model, method, None) == "bk"
 
 
 def test_ghost_refuses_a_two_point_method_up_front():
     model = nn.Linear(3, 2)
-    method = get_method("disk")(optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    method = get_method("disk").configured(optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
     with pytest.raises(ConfigError, match="ghost.*2 evaluation points"):
         choose_grad_sample_mode("ghost", model, method, None)
     assert choose_grad_sample_mode("auto", model, method, None) == "bk"
@@ -224,7 +225,7 @@ def test_per_run_check_refuses_a_two_point_path_without_cross_terms(monkeypatch)
     torch.manual_seed(6)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
     data = TensorDataset(torch.randn(8, 4), torch.randint(0, 3, (8,)))
-    method = get_method("disk")(optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    method = get_method("disk").configured(optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
 
     def verifier():
         return EngineVerifier(model, _Task.per_example_loss, data, torch.device("cpu"))
