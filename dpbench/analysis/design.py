@@ -40,11 +40,17 @@ from dpbench.analysis.stats import ALPHA, POWER
 
 #: the seeds a cell gets in the pilot (stage 1) of ``dpbench-reproduce --until-decided``
 PILOT_SEEDS = 5
-#: the share of each one-sided test's alpha the pilot may spend (the rest is the follow-up's)
-PILOT_SHARE = 0.1
-#: the inverse-normal weight of stage 1, fixed before any look (w1^2 = 0.2: a pilot of 5
-#: seeds against an expected total of about 25; a mismatch costs little power)
-STAGE1_WEIGHT = math.sqrt(0.2)
+#: the inverse-normal weight of stage 1, fixed before any look (w1^2 = 0.1: a pilot of 5
+#: seeds against a follow-up of about 45, the hints' typical size; a mismatch costs little
+#: power, and a small pilot weight keeps a 5-seed t statistic's skewed tail out of the
+#: combined test: measured in docs/tuning-and-claims.md, "Operating characteristics")
+STAGE1_WEIGHT = math.sqrt(0.1)
+#: the share of each one-sided test's alpha the pilot may spend (the rest is the follow-up's):
+#: O'Brien-Fleming-type spending (Lan & DeMets 1983, alpha_1 = 2 - 2 Phi(z_{1 - alpha/2} /
+#: sqrt(t1))) at the information fraction t1 = w1^2 and alpha = 2.5 %: about 2e-5, so a
+#: pilot of 5 seeds decides only on overwhelming evidence (where a t test's far tail is least
+#: trustworthy under skew)
+PILOT_SHARE = float(2 * stats.norm.sf(stats.norm.isf(ALPHA / 4) / STAGE1_WEIGHT)) / (ALPHA / 2)
 #: the most seeds a cell's follow-up is ever sized to
 MAX_FOLLOW_UP = 1000
 #: the quadrature points over the standard deviation's posterior
@@ -91,13 +97,6 @@ def design_p(q1: np.ndarray | float, q2: np.ndarray | float | None = None,
     return np.where(np.isnan(qc), out, np.fmin(out, np.minimum(1.0, qc)))
 
 
-def _sd_draws(sd: float, n: int, points: int = QUADRATURE) -> np.ndarray:
-    """Return ``points`` equally weighted standard deviations from the posterior
-    sigma^2 = (n - 1) s^2 / chi^2_{n - 1} (mid-quantiles of the chi-square)."""
-    u = (np.arange(points) + 0.5) / points
-    return sd * np.sqrt((n - 1) / stats.chi2.ppf(u, n - 1))
-
-
 def t_test_power(effect: float | np.ndarray, sigma: np.ndarray, n: np.ndarray,
                  level: np.ndarray | float, tost: bool = False) -> np.ndarray:
     """Return the power of the one-sided t test at one-sided ``level`` on ``n`` values when
@@ -110,66 +109,119 @@ def t_test_power(effect: float | np.ndarray, sigma: np.ndarray, n: np.ndarray,
 
 
 def assurance(effect: float, sds: Sequence[float], pilot_n: Sequence[int] | int,
-              n: np.ndarray | int, level: np.ndarray | float, tost: bool = False) -> np.ndarray:
-    """Return the assurance of every cell's test at once (product over the cells of each
-    cell's power averaged over its standard deviation's posterior) with ``n`` values a cell
-    at one-sided ``level`` (an array: one level per cell, the follow-up's conditional
-    levels)."""
+              n: np.ndarray | int, level: Sequence[float] | float,
+              tost: bool = False) -> np.ndarray:
+    """Return the assurance of every cell's test at once: the product over the cells of each
+    cell's power averaged over its standard deviation's posterior, with ``n`` values a cell
+    at one-sided ``level`` (one per cell, or one for all)."""
+    sds = np.asarray(sds, dtype=float)[None]
+    levels = np.broadcast_to(np.asarray(level, dtype=float), (sds.shape[1],))[None]
     n = np.asarray(n)
-    pilot = np.broadcast_to(np.asarray(pilot_n), (len(sds),))
-    levels = np.broadcast_to(np.asarray(level, dtype=float), (len(sds),))
-    joint = np.ones(n.shape)
-    for sd, k, lev in zip(sds, pilot, levels):
-        if not (sd > 1e-12 * abs(effect)):     # no spread seen: this cell does not limit n
-            continue
-        sigma = _sd_draws(float(sd), int(k))
-        joint = joint * t_test_power(effect, sigma[:, None], n[None] if n.ndim else n,
-                                     lev, tost).mean(0).reshape(n.shape)
+    out = _assurance_many(effect, sds, _pilot(pilot_n, sds.shape[1]),
+                          n.reshape(-1, 1) if n.ndim else np.array([[int(n)]]), levels, tost)
+    return out.reshape(n.shape) if n.ndim else out.reshape(())
+
+
+def _pilot(pilot_n: Sequence[int] | int, cells: int) -> np.ndarray:
+    return np.broadcast_to(np.asarray(pilot_n, dtype=int), (cells,))
+
+
+def _assurance_many(effect: float, sds: np.ndarray, pilot: np.ndarray, n: np.ndarray,
+                    levels: np.ndarray, tost: bool) -> np.ndarray:
+    """Assurance for each row of ``sds`` / ``levels`` (rows x cells, or one row against every
+    n) at ``n`` (rows x 1)."""
+    joint = np.ones(n.shape[0])
+    for c in range(sds.shape[1]):
+        sd = sds[:, c]
+        u = (np.arange(QUADRATURE) + 0.5) / QUADRATURE
+        scale = np.sqrt((pilot[c] - 1) / stats.chi2.ppf(u, pilot[c] - 1))   # K
+        sigma = sd[:, None] * scale[None]                                     # rows x K
+        flat = ~(sd > 1e-12 * abs(effect))        # no spread seen: this cell does not limit n
+        sigma = np.where(flat[:, None], 1.0, sigma)
+        power = t_test_power(effect, sigma, n, levels[:, c:c + 1], tost).mean(-1)
+        joint = joint * np.where(np.broadcast_to(flat, power.shape), 1.0, power)
     return joint
 
 
-def conditional_level(q1: float, level: float, share: float = PILOT_SHARE,
-                      w1: float = STAGE1_WEIGHT) -> float:
-    """Return the one-sided level stage 2's own p-value must reach for the combination to
-    reject at the follow-up's share of ``level`` given the pilot's q1 (Proschan & Hunsberger
-    1995: the conditional error)."""
-    w2 = math.sqrt(1 - w1 ** 2)
-    z1 = float(stats.norm.isf(min(max(q1, 1e-300), 1.0)))
-    need = (float(stats.norm.isf((1 - share) * level)) - w1 * z1) / w2
-    return float(stats.norm.sf(need))
+def seeds_for_assurance_many(effect: float, sds: np.ndarray, pilot_n: Sequence[int] | int,
+                             levels: np.ndarray, power: float = POWER, tost: bool = False,
+                             min_n: int = 2, max_n: int = MAX_FOLLOW_UP) -> np.ndarray:
+    """Return for each row of ``sds`` and ``levels`` (rows x cells) the smallest n in [min_n,
+    max_n] whose assurance reaches ``power``, -1 beyond ``max_n`` (a bisection over all rows
+    at once: the assurance grows with n)."""
+    sds = np.atleast_2d(np.asarray(sds, dtype=float))
+    levels = np.broadcast_to(np.asarray(levels, dtype=float), sds.shape)
+    pilot = _pilot(pilot_n, sds.shape[1])
+    rows = len(sds)
+    if not (effect > 0 and math.isfinite(effect)):
+        return np.full(rows, -1)
+    finite = np.isfinite(sds).all(-1) & np.isfinite(levels).all(-1)
+    safe_sds, safe_levels = np.where(np.isfinite(sds), sds, 1.0), np.where(
+        np.isfinite(levels), levels, 0.5)
+
+    def reaches(n: np.ndarray) -> np.ndarray:
+        return _assurance_many(effect, safe_sds, pilot, n[:, None].astype(float),
+                               safe_levels, tost) >= power
+
+    lo = np.full(rows, max(2, min_n))
+    hi = np.full(rows, max_n)
+    out = np.where(reaches(hi), hi, -1)
+    out = np.where(reaches(lo), lo, out)
+    open_ = (out == max_n) & (lo < max_n)
+    while open_.any():
+        mid = (lo + hi) // 2
+        ok = reaches(mid)
+        hi = np.where(open_ & ok, mid, hi)
+        lo = np.where(open_ & ~ok, mid, lo)
+        open_ = open_ & (hi - lo > 1)
+    out = np.where((out == max_n) & (lo < max_n), hi, out)
+    return np.where(finite, out, -1)
 
 
 def seeds_for_assurance(effect: float, sds: Sequence[float], pilot_n: Sequence[int] | int,
                         level: Sequence[float] | float, power: float = POWER,
                         tost: bool = False, min_n: int = 2,
                         max_n: int = MAX_FOLLOW_UP) -> int | None:
-    """Return the smallest n in [min_n, max_n] whose assurance reaches ``power`` (bisection:
-    the assurance grows with n), None beyond ``max_n``."""
-    if not (effect > 0 and math.isfinite(effect)) or not all(math.isfinite(s) for s in sds):
-        return None
-    if assurance(effect, sds, pilot_n, max_n, level, tost) < power:
-        return None
-    lo, hi = max(2, min_n), max_n
-    if assurance(effect, sds, pilot_n, lo, level, tost) >= power:
-        return lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if assurance(effect, sds, pilot_n, mid, level, tost) >= power \
-            else (mid, hi)
-    return hi
+    """Return the smallest n in [min_n, max_n] whose assurance reaches ``power``, None beyond
+    ``max_n`` (``seeds_for_assurance_many`` on one row)."""
+    n = int(seeds_for_assurance_many(effect, np.asarray([sds], dtype=float), pilot_n,
+                                     np.asarray(level, dtype=float), power, tost, min_n,
+                                     max_n)[0])
+    return n if n > 0 else None
+
+
+def conditional_level(q1: np.ndarray | float, level: float, share: float = PILOT_SHARE,
+                      w1: float = STAGE1_WEIGHT) -> np.ndarray:
+    """Return the one-sided level stage 2's own p-value must reach for the combination to
+    reject at the follow-up's share of ``level`` given the pilot's q1 (Proschan & Hunsberger
+    1995: the conditional error); a missing q1 (NaN): the follow-up's share itself."""
+    w2 = math.sqrt(1 - w1 ** 2)
+    q1 = np.asarray(q1, dtype=float)
+    z1 = stats.norm.isf(np.clip(q1, 1e-300, 1.0))
+    need = (float(stats.norm.isf((1 - share) * level)) - w1 * z1) / w2
+    return np.where(np.isnan(q1), (1 - share) * level, stats.norm.sf(need))
+
+
+def follow_up_seeds_many(effect: float, sds: np.ndarray, pilot_n: Sequence[int] | int,
+                         q1: np.ndarray, family: int = 1, tost: bool = False,
+                         power: float = POWER, max_n: int = MAX_FOLLOW_UP) -> np.ndarray:
+    """Return for each row (rows x cells) the follow-up's seeds a cell at which the claim's
+    test for it rejects with assurance ``power`` when the true effect lies ``effect`` beyond
+    its null: each cell's stage 2 at its conditional level given the pilot's one-sided
+    ``q1`` (Holm's first level, alpha / family); -1 out of reach."""
+    level = ALPHA / 2 / max(1, family)
+    return seeds_for_assurance_many(effect, sds, pilot_n, conditional_level(q1, level),
+                                    power, tost, 3, max_n)
 
 
 def follow_up_seeds(effect: float, sds: Sequence[float], pilot_n: Sequence[int] | int,
                     q1: Sequence[float], family: int = 1, tost: bool = False,
                     power: float = POWER, max_n: int = MAX_FOLLOW_UP) -> int | None:
-    """Return the follow-up's seeds a cell at which the claim's test for it rejects with
-    assurance ``power`` when the true effect lies ``effect`` beyond its null: each cell's
-    stage 2 at its conditional level given the pilot's one-sided ``q1`` (Holm's first level,
-    alpha / family)."""
-    level = ALPHA / 2 / max(1, family)
-    levels = [conditional_level(q, level) if math.isfinite(q) else (1 - PILOT_SHARE) * level
-              for q in q1]
-    return seeds_for_assurance(effect, sds, pilot_n, levels, power, tost, 2, max_n)
+    """``follow_up_seeds_many`` for one claim; None out of reach."""
+    n = int(follow_up_seeds_many(effect, np.asarray([sds], dtype=float), pilot_n,
+                                 np.asarray([q1], dtype=float), family, tost, power,
+                                 max_n)[0])
+    return n if n > 0 else None
 
 
 def fixed_seeds(effect: float, sds: Sequence[float], pilot_n: Sequence[int] | int,
