@@ -249,7 +249,8 @@ def _sides(claim: dict[str, Any], records: list[dict[str, Any]],
                     if "seed" in r}
         out.append((usable, anything))
         seen |= anything | set(usable)
-    expected = set(stages.seeds) if stages is not None else seen
+    # a cell nobody ran is "not run", not failed on every seed
+    expected = (set(stages.seeds) if stages is not None else seen) if seen else set()
     notes = []
     if stages is not None and (outside := sorted(seen - expected)):
         notes.append(f"{label + ': ' if label else ''}seed(s) {', '.join(map(str, outside))} "
