@@ -289,10 +289,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="seeds a cell of the design's pilot (default %(default)s; --seeds "
                         "names them instead)")
     p.add_argument("--budget", type=int, default=None, metavar="RUNS",
-                   help="--until-decided: the runs of both stages together")
+                   help="--until-decided: the runs of both stages together, per paper")
     p.add_argument("--budget-minutes", type=float, default=None, metavar="MIN",
-                   help="--until-decided: the minutes of both stages (the follow-up at the "
-                        "pilot's pace)")
+                   help="--until-decided: the minutes of both stages, per paper (the "
+                        "follow-up at the pilot's pace)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
     args.papers = list(PAPERS) if args.papers == ["all"] else args.papers
