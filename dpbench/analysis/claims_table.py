@@ -123,10 +123,12 @@ declared effect) a superiority claim must exceed, with the claimed effect in bra
 margin of an equivalence or non-inferiority claim; a threshold's value. P(A>B): the share of
 runs (seed and cell) on which the method wins. p (test): the design's p-value of the test
 that decided (for: the claim; claimed effect: H0 the gain reaches the claimed effect;
-against: H0 the gain reaches the target): min(pilot p / 0.1, combined p / 0.9), the
-follow-up's seeds combined with the pilot's by the inverse-normal test, on the two-sided
-scale (TOST for equivalence; an "at every" claim takes its largest cell p for, its smallest
-cell p against times the cells). Adjusted p: that test adjusted within the paper; BH q:
+against: H0 the gain reaches the target) on the two-sided scale: in a design min(pilot p /
+s, combined p / (1 - s)), s about 2e-5 (O'Brien-Fleming-type), the follow-up's seeds combined
+with the pilot's by the inverse-normal test; one fixed look: all seeds at the full alpha
+(TOST for equivalence; an "at every" claim takes its largest cell p for, its smallest cell p
+against times the cells). Each stage's test: a t test on Hall's skewness-removing
+transformation. Adjusted p: that test adjusted within the paper; BH q:
 Benjamini-Hochberg of the claims' p over the table (diagnostics excluded). Seeds needed: the
 seeds a cell at which the claim is decided with 80 % assurance (power averaged over what the
 pilot says about the spread) at the claimed effect, and at the effect midway between the
