@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from dpbench.analysis.claim_spec import (
     FAILURE_LIMIT,
@@ -122,6 +123,7 @@ class CellResult:
     p_against: float = math.nan   # H0: the gain is at least the target
     p_smaller: float = math.nan   # H0: the gain is at least the claimed effect
     q1_for: float = math.nan      # the pilot's one-sided p of the test for the claim
+    pilot_margin: float = math.nan  # the pilot's 97.5 % lower bound of the gain less the target
     target: float = math.nan      # the effect, margin or threshold the verdict compares with
     paper: float = math.nan       # the claimed effect (the paper's, or the declared one)
     sd: float = math.nan          # the pilot's spread (the seeds hint)
@@ -192,6 +194,8 @@ def _test(cell: CellResult, target: float, claimed: float, *, equivalence: bool 
         cell.p_against = min(1.0, 2 * q(target, "less"))
         cell.p_smaller = min(1.0, 2 * q(claimed, "less"))
         cell.q1_for = q(target, "greater", first_only=True) if design else math.nan
+        if design and len(pilot) >= 2:
+            cell.pilot_margin = pilot_lower_bound(pilot) - target
     # the claimed effect lies beyond the target (equivalence: outside the margin is a
     # difference): rejecting the larger hypothesis rejects the one inside it
     cell.p_smaller = float(np.fmin(cell.p_smaller, cell.p_against))
@@ -201,6 +205,12 @@ def _test(cell: CellResult, target: float, claimed: float, *, equivalence: bool 
     cell.low, cell.high = (low, high) if sign > 0 else (-high, -low)
     cell.verdict = decide(cell.p_for, cell.p_against, cell.p_smaller)
     return cell
+
+
+def pilot_lower_bound(x: np.ndarray) -> float:
+    """The one-sided 97.5 % t lower bound of the mean of the pilot's observed values."""
+    return float(np.mean(x) - stats.t.ppf(0.975, len(x) - 1) * np.std(x, ddof=1)
+                 / math.sqrt(len(x)))
 
 
 def _difference_cell(claim: dict[str, Any], cell: CellResult, baseline_mean: float, *,
@@ -519,7 +529,7 @@ def _with_verdict(row: dict[str, Any], family: int = 1,
     hint = seeds_hint(row, family) if verdict == "underpowered" else {}
     return {**row, "verdict": verdict, "p": p, "p_test": test, "p_holm": p_holm,
             "seeds_needed": hint.get("claimed"), "seeds_midway": hint.get("midway"),
-            "hint": hint.get("kind")}
+            "seeds_follow_up": hint.get("sized", hint.get("claimed")), "hint": hint.get("kind")}
 
 
 def seeds_hint(row: dict[str, Any], family: int = 1) -> dict[str, Any]:
@@ -546,7 +556,12 @@ def seeds_hint(row: dict[str, Any], family: int = 1) -> dict[str, Any]:
     sds = [c["sd"] for c in cells]
     pilot = [max(2, c["n_pilot"] if design else len(c["values"])) for c in cells]
     out: dict[str, Any] = {"kind": "follow-up" if design else "fixed"}
-    for name, effect in (("claimed", distance), ("midway", distance / 2)):
+    # the follow-up's size: at the claimed effect, or at the pilot's 97.5 % lower bound where
+    # that lies beyond it (any rule on the pilot's data keeps the combination test valid)
+    margins = [c.get("pilot_margin", math.nan) for c in cells]
+    shown = min(margins) if not tost and all(math.isfinite(m) for m in margins) else -math.inf
+    for name, effect in (("claimed", distance), ("midway", distance / 2),
+                         ("sized", max(distance, shown))):
         if design:
             n = follow_up_seeds(effect, sds, pilot, [c["q1_for"] for c in cells], family, tost)
             if n is not None and any(c["exact"] for c in cells):

@@ -126,24 +126,26 @@ def _pilot(pilot_n: Sequence[int] | int, cells: int) -> np.ndarray:
     return np.broadcast_to(np.asarray(pilot_n, dtype=int), (cells,))
 
 
-def _assurance_many(effect: float, sds: np.ndarray, pilot: np.ndarray, n: np.ndarray,
-                    levels: np.ndarray, tost: bool) -> np.ndarray:
+def _assurance_many(effect: float | np.ndarray, sds: np.ndarray, pilot: np.ndarray,
+                    n: np.ndarray, levels: np.ndarray, tost: bool) -> np.ndarray:
     """Assurance for each row of ``sds`` / ``levels`` (rows x cells, or one row against every
     n) at ``n`` (rows x 1)."""
     joint = np.ones(n.shape[0])
+    effect = np.asarray(effect, dtype=float).reshape(-1, 1) if np.ndim(effect) else effect
     for c in range(sds.shape[1]):
         sd = sds[:, c]
         u = (np.arange(QUADRATURE) + 0.5) / QUADRATURE
         scale = np.sqrt((pilot[c] - 1) / stats.chi2.ppf(u, pilot[c] - 1))   # K
         sigma = sd[:, None] * scale[None]                                     # rows x K
-        flat = ~(sd > 1e-12 * abs(effect))        # no spread seen: this cell does not limit n
+        flat = ~(sd > 1e-12 * np.abs(effect).reshape(-1))   # no spread seen: no limit on n
         sigma = np.where(flat[:, None], 1.0, sigma)
         power = t_test_power(effect, sigma, n, levels[:, c:c + 1], tost).mean(-1)
         joint = joint * np.where(np.broadcast_to(flat, power.shape), 1.0, power)
     return joint
 
 
-def seeds_for_assurance_many(effect: float, sds: np.ndarray, pilot_n: Sequence[int] | int,
+def seeds_for_assurance_many(effect: float | np.ndarray, sds: np.ndarray,
+                             pilot_n: Sequence[int] | int,
                              levels: np.ndarray, power: float = POWER, tost: bool = False,
                              min_n: int = 2, max_n: int = MAX_FOLLOW_UP) -> np.ndarray:
     """Return for each row of ``sds`` and ``levels`` (rows x cells) the smallest n in [min_n,
@@ -153,9 +155,12 @@ def seeds_for_assurance_many(effect: float, sds: np.ndarray, pilot_n: Sequence[i
     levels = np.broadcast_to(np.asarray(levels, dtype=float), sds.shape)
     pilot = _pilot(pilot_n, sds.shape[1])
     rows = len(sds)
-    if not (effect > 0 and math.isfinite(effect)):
+    effect = np.broadcast_to(np.asarray(effect, dtype=float), (rows,))
+    valid = np.isfinite(effect) & (effect > 0)
+    if not valid.any():
         return np.full(rows, -1)
-    finite = np.isfinite(sds).all(-1) & np.isfinite(levels).all(-1)
+    finite = np.isfinite(sds).all(-1) & np.isfinite(levels).all(-1) & valid
+    effect = np.where(valid, effect, 1.0)
     safe_sds, safe_levels = np.where(np.isfinite(sds), sds, 1.0), np.where(
         np.isfinite(levels), levels, 0.5)
 
@@ -202,7 +207,7 @@ def conditional_level(q1: np.ndarray | float, level: float, share: float = PILOT
     return np.where(np.isnan(q1), (1 - share) * level, stats.norm.sf(need))
 
 
-def follow_up_seeds_many(effect: float, sds: np.ndarray, pilot_n: Sequence[int] | int,
+def follow_up_seeds_many(effect: float | np.ndarray, sds: np.ndarray, pilot_n: Sequence[int] | int,
                          q1: np.ndarray, family: int = 1, tost: bool = False,
                          power: float = POWER, max_n: int = MAX_FOLLOW_UP) -> np.ndarray:
     """Return for each row (rows x cells) the follow-up's seeds a cell at which the claim's

@@ -126,15 +126,20 @@ def _stage(claim: Claim, effect: float, rows: int, n: int, dist: str, failure: f
     failures, the cells' spreads of observed values and the cells' q of the test for the
     claim."""
     qs, failed, sds, q_for = [], np.zeros(rows), np.zeros((rows, claim.cells)), []
+    margins = np.zeros((rows, claim.cells))
     for c in range(claim.cells):
         x = effect + noise(dist, (rows, n), rng)
         f = rng.random((rows, n)) < failure
         qs.append([_q(x, f, null, alt, claim.exact, rng) for null, alt in _tests(claim)])
         failed += f.sum(-1)
         with np.errstate(all="ignore"):
-            sds[:, c] = np.nanstd(np.where(f, np.nan, x), -1, ddof=1)
+            kept = np.where(f, np.nan, x)
+            sds[:, c] = np.nanstd(kept, -1, ddof=1)
+            k = (~f).sum(-1)
+            margins[:, c] = (np.nanmean(kept, -1) - stats.t.ppf(0.975, k - 1) * sds[:, c]
+                             / np.sqrt(k)) - claim.target
         q_for.append(qs[-1][0] if claim.kind != "equivalence" else np.full(rows, np.nan))
-    return qs, failed, sds, np.stack(q_for, -1)
+    return qs, failed, sds, np.stack(q_for, -1), margins
 
 
 def _decide(family: list[Claim], q1: list, q2: list, failed: np.ndarray,
@@ -162,12 +167,23 @@ def _decide(family: list[Claim], q1: list, q2: list, failed: np.ndarray,
 
 
 def hint_seeds(claim: Claim, family: int, pilot: int, sds: np.ndarray,
-               q_for: np.ndarray) -> np.ndarray:
-    """The follow-up's seeds a cell the tool hints (``claims.seeds_hint`` before the
-    follow-up), per row of the pilot's spreads and q (rows x cells); -1 out of reach."""
-    distance = claim.target if claim.kind == "equivalence" else claim.claimed - claim.target
-    n = follow_up_seeds_many(abs(distance), sds, pilot, q_for, family,
-                             claim.kind == "equivalence")
+               q_for: np.ndarray, margins: np.ndarray | None = None) -> np.ndarray:
+    """The follow-up's seeds a cell the tool sizes (``claims.seeds_hint``, "sized", before
+    the follow-up), per row of the pilot's spreads, q and lower-bound margins (rows x
+    cells); -1 out of reach."""
+    tost = claim.kind == "equivalence"
+    distance = abs(claim.target if tost else claim.claimed - claim.target)
+    if margins is None or tost:
+        return _hint_at(claim, np.full(len(sds), distance), family, pilot, sds, q_for)
+    with np.errstate(invalid="ignore"):
+        shown = np.where(np.isfinite(margins).all(-1), margins.min(-1), -np.inf)
+    return _hint_at(claim, np.maximum(distance, shown), family, pilot, sds, q_for)
+
+
+def _hint_at(claim: Claim, effects: np.ndarray, family: int, pilot: int, sds: np.ndarray,
+             q_for: np.ndarray) -> np.ndarray:
+    """The hint per row at per-row effects; at least BOOTSTRAP_MIN for a bootstrapped claim."""
+    n = follow_up_seeds_many(effects, sds, pilot, q_for, family, claim.kind == "equivalence")
     return np.where((n > 0) & claim.exact, np.maximum(n, BOOTSTRAP_MIN), n)
 
 
@@ -188,12 +204,13 @@ def simulate(family: list[Claim], effects: list[float], draws: int,
         open_ = np.flatnonzero(pilot_codes[:, i] == 3)
         if not len(open_):
             continue
-        hints[open_, i] = hint_seeds(c, m, pilot, stage1[i][2][open_], stage1[i][3][open_])
+        hints[open_, i] = hint_seeds(c, m, pilot, stage1[i][2][open_], stage1[i][3][open_],
+                                     stage1[i][4][open_])
         for n2 in np.unique(hints[open_, i]):
             if n2 <= 0 or n2 > budget:
                 continue
             rows = open_[hints[open_, i] == n2]
-            qs, f2, _, _ = _stage(c, e, len(rows), int(n2), dist, failure, rng)
+            qs, f2, _, _, _ = _stage(c, e, len(rows), int(n2), dist, failure, rng)
             for cell, tests in enumerate(qs):
                 for t, q in enumerate(tests):
                     q2[i][cell][t][rows] = q
@@ -243,13 +260,16 @@ def delivered_power(claim: Claim, effect: float, draws: int, rng: np.random.Gene
     seeds = np.full((draws, 1), float(pilot * claim.cells))
     codes1 = _decide([claim], [stage1[0]], [q2], np.zeros((draws, 1)), seeds)[:, 0]
     open_ = np.flatnonzero(codes1 == 3)
-    n2 = follow_up_seeds_many(abs(distance), stage1[2][open_], pilot, stage1[3][open_], 1,
-                              claim.kind == "equivalence")
+    tost = claim.kind == "equivalence"
+    with np.errstate(invalid="ignore"):
+        shown = stage1[4][open_].min(-1) if not tost else np.full(len(open_), -np.inf)
+    n2 = _hint_at(claim, np.maximum(abs(distance), np.nan_to_num(shown, nan=-np.inf)), 1,
+                  pilot, stage1[2][open_], stage1[3][open_])
     ok = n2 > 0
     reproduced = []
     for n in np.unique(n2[ok]):
         rows = open_[ok][n2[ok] == n]
-        qs, _, _, _ = _stage(claim, effect, len(rows), int(n), dist, 0.0, rng)
+        qs, _, _, _, _ = _stage(claim, effect, len(rows), int(n), dist, 0.0, rng)
         q1_rows = [[q[rows] for q in cell] for cell in stage1[0]]
         codes = _decide([claim], [q1_rows], [qs], np.zeros((len(rows), 1)),
                         np.full((len(rows), 1), 1.0))[:, 0]
@@ -260,7 +280,7 @@ def delivered_power(claim: Claim, effect: float, draws: int, rng: np.random.Gene
     fixed_hit = []
     for n in np.unique(fixed[fixed > 0]):
         count = int(np.sum(fixed == n))
-        qs, _, _, _ = _stage(claim, effect, count, int(n), dist, 0.0, rng)
+        qs, _, _, _, _ = _stage(claim, effect, count, int(n), dist, 0.0, rng)
         p = [[np.full(count, np.nan) for _ in cell] for cell in qs]
         # a fixed look: its own q at the full alpha (design_p's share 1: q1 / 1)
         codes = _decide_fixed(claim, qs)

@@ -109,10 +109,11 @@ def plan_follow_up(rows: list[dict[str, Any]], sweeps_of: dict[str, list[str]],
         if row["verdict"] != "underpowered":
             plan[cid] = {"status": "decided at the pilot" if row["verdict"] not in (
                 "not run", "failed runs") else row["verdict"]}
-        elif isinstance(row.get("seeds_needed"), int):
-            wanted.append((cid, int(row["seeds_needed"])))
+        elif isinstance(row.get("seeds_follow_up"), int):
+            wanted.append((cid, int(row["seeds_follow_up"])))
         else:
-            plan[cid] = {"status": "futile", "why": f"the hint is {row.get('seeds_needed')}"}
+            plan[cid] = {"status": "futile",
+                         "why": f"the hint is {row.get('seeds_follow_up')}"}
 
     def cost(extra: dict[str, int]) -> float:
         return sum(runs_per_seed.get(s, 0.0) * n for s, n in extra.items())

@@ -241,9 +241,9 @@ def paper_claims(paper: str, spec: dict[str, Any], out: Path) -> list[dict[str, 
 def seeds_hint(rows: list[dict[str, Any]]) -> str:
     """Return the commands that would give each underpowered claim the seeds it needs."""
     lines = [f"dpbench-reproduce {r['paper_key']} --claim-seeds {r['id']}="
-             f"{r['seeds_needed'] + (_pilot_n(r) if r.get('hint') == 'follow-up' else 0)}"
+             f"{r['seeds_follow_up'] + (_pilot_n(r) if r.get('hint') == 'follow-up' else 0)}"
              for r in rows if r["verdict"] == "underpowered" and r.get("id")
-             and isinstance(r.get("seeds_needed"), int)]
+             and isinstance(r.get("seeds_follow_up"), int)]
     if not lines:
         return ""
     return ("\n## Seeds that would decide the undecided claims (80 % assurance at the claimed "

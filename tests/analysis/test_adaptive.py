@@ -34,7 +34,7 @@ def test_the_design_is_declared_once_and_a_third_look_is_refused(tmp_path):
 
 
 def _row(cid, verdict, needed):
-    return {"id": cid, "verdict": verdict, "seeds_needed": needed}
+    return {"id": cid, "verdict": verdict, "seeds_follow_up": needed}
 
 
 def test_the_follow_up_takes_the_cheapest_claims_the_budget_allows():
