@@ -124,7 +124,7 @@ margin of an equivalence or non-inferiority claim; a threshold's value. P(A>B): 
 runs (seed and cell) on which the method wins. p (test): the design's p-value of the test
 that decided (for: the claim; claimed effect: H0 the gain reaches the claimed effect;
 against: H0 the gain reaches the target) on the two-sided scale: in a design min(pilot p /
-s, combined p / (1 - s)), s about 2e-5 (O'Brien-Fleming-type), the follow-up's seeds combined
+s, combined p / (1 - s)), s about 5e-11 (O'Brien-Fleming-type), the follow-up's seeds combined
 with the pilot's by the inverse-normal test; one fixed look: all seeds at the full alpha
 (TOST for equivalence; an "at every" claim takes its largest cell p for, its smallest cell p
 against times the cells). Each stage's test: a t test on Hall's skewness-removing

@@ -47,9 +47,9 @@ PILOT_SEEDS = 5
 STAGE1_WEIGHT = math.sqrt(0.1)
 #: the share of each one-sided test's alpha the pilot may spend (the rest is the follow-up's):
 #: O'Brien-Fleming-type spending (Lan & DeMets 1983, alpha_1 = 2 - 2 Phi(z_{1 - alpha/2} /
-#: sqrt(t1))) at the information fraction t1 = w1^2 and alpha = 2.5 %: about 2e-5, so a
-#: pilot of 5 seeds decides only on overwhelming evidence (where a t test's far tail is least
-#: trustworthy under skew)
+#: sqrt(t1))) at the information fraction t1 = w1^2 and alpha = 2.5 %: about 5e-11, so in
+#: effect a pilot of 5 seeds decides nothing (a t test's far tail is least trustworthy there
+#: under skew) and sizes the follow-up
 PILOT_SHARE = float(2 * stats.norm.sf(stats.norm.isf(ALPHA / 4) / STAGE1_WEIGHT)) / (ALPHA / 2)
 #: the most seeds a cell's follow-up is ever sized to
 MAX_FOLLOW_UP = 1000
