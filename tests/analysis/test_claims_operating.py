@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from dpbench.analysis import operating
 from dpbench.analysis.claims import adjust, evaluate_claim
@@ -139,3 +140,32 @@ def test_the_hint_delivers_its_power(name, where):
     effect = claim.claimed if where == "claimed" else (claim.claimed + claim.target) / 2
     got = operating.delivered_power(claim, effect, 2000, rng)
     assert abs(got["follow_up"] - 0.80) <= 0.03, got
+
+
+def test_the_simulation_sizes_the_follow_up_as_the_tool():
+    """After a pilot of 5 seeds, the follow-up the tool plans (``seeds_follow_up``) equals the
+    simulation's ``hint_seeds``: at the claimed effect, and at the pilot's lower bound for a
+    pilot far beyond it."""
+    rng = np.random.default_rng(np.random.SeedSequence(43))
+    claim = Claim(cells=2)
+    spec = {"id": "c", "claim": "a vs b", "metric": "accuracy", "method": "a", "baseline": "b",
+            "paper_effect": 1.0, "where": {"target_epsilon": [1.0, 2.0]}}
+    stages = Stages(tuple(range(5)))
+    sizes = set()
+    for effect in (0.7, 1.0, 3.0, 6.0):
+        x = rng.normal(effect, 0.5, (2, 5))
+        runs = [r for c in range(2) for r in _records(x[c], 1.0 + c, range(5))]
+        row = adjust([{**evaluate_claim(spec, runs, stages=stages), "paper": "P"}])[0]
+        if row["verdict"] != "underpowered":
+            continue
+        sds, q_for, margins = [], [], []
+        for c in range(2):
+            q_for.append(operating._q(x[c][None], np.zeros((1, 5), bool), 0.5, "greater",
+                                      False, rng)[0])
+            sds.append(np.std(x[c], ddof=1))
+            margins.append(np.mean(x[c]) - stats.t.ppf(0.975, 4) * sds[-1] / np.sqrt(5) - 0.5)
+        want = operating.hint_seeds(claim, 1, 5, np.array([sds]), np.array([q_for]),
+                                    np.array([margins]))[0]
+        assert row["seeds_follow_up"] == want
+        sizes.add(int(want))
+    assert len(sizes) >= 2
