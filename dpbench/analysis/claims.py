@@ -181,7 +181,7 @@ def _test(cell: CellResult, target: float, claimed: float, *, equivalence: bool 
                            rng) for s in (1, 2))
         if first_only:
             return q1
-        return float(design_p(q1, q2)) if math.isfinite(q1) else math.nan
+        return float(design_p(q1, q2))
 
     if equivalence:
         margin = target

@@ -88,13 +88,16 @@ def combine(q1: np.ndarray | float, q2: np.ndarray | float,
 def design_p(q1: np.ndarray | float, q2: np.ndarray | float | None = None,
              share: float = PILOT_SHARE, w1: float = STAGE1_WEIGHT) -> np.ndarray:
     """Return the design's one-sided p-value: min(q1 / share, qc / (1 - share)), qc the
-    combination with stage 2 (absent or NaN: the pilot's look alone)."""
+    combination with stage 2 (absent or NaN: the pilot's look alone). A pilot too small for
+    its test (NaN: fewer values than the test needs, fixed by the design's pilot size, not by
+    the data) weighs nothing: qc is stage 2's own p."""
     q1 = np.asarray(q1, dtype=float)
     out = np.minimum(1.0, q1 / share)
     if q2 is None:
         return out
-    qc = combine(q1, q2, w1) / (1 - share)
-    return np.where(np.isnan(qc), out, np.fmin(out, np.minimum(1.0, qc)))
+    q2 = np.asarray(q2, dtype=float)
+    qc = np.where(np.isnan(q1), q2, combine(q1, q2, w1)) / (1 - share)
+    return np.fmin(out, np.minimum(1.0, qc))
 
 
 def t_test_power(effect: float | np.ndarray, sigma: np.ndarray, n: np.ndarray,

@@ -339,7 +339,8 @@ DISTS = ("normal", "right", "left", "heavy")
 
 def report(draws: int = 4000, seed: int = 40, failure: float = 0.02,
            families: dict[str, list[Claim]] | None = None,
-           exact_draws: int | None = None, power_draws: int | None = None) -> str:
+           exact_draws: int | None = None, power_draws: int | None = None,
+           power: bool = True) -> str:
     """Return the operating characteristics as markdown: per paper family, truth and gain
     distribution (each seed failing with probability ``failure``), P(false reproduced),
     P(false against), P(any wrong verdict), P(every claim decided) within the budget and
@@ -361,6 +362,8 @@ def report(draws: int = 4000, seed: int = 40, failure: float = 0.02,
                              f"{rates['false_for']:.4f} | {rates['false_against']:.4f} | "
                              f"{rates['any_wrong']:.4f} | {rates['decided']:.3f} | "
                              f"{rates['mean_seeds']:.1f} |")
+    if not power:
+        return "\n".join(lines) + "\n"
     lines += ["", "| kind | effect the hint is for | delivered (follow-up) | median follow-up "
               "| hint out of reach | delivered (fresh fixed look) | median fixed n |",
               "|---|---|---|---|---|---|---|"]
