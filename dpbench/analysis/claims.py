@@ -1,30 +1,20 @@
 """The claims table: each paper claim as a declared test, its measurement and a verdict
-(docs/tuning-and-claims.md, "The claims table" and "Verdict rules").
+(docs/tuning-and-claims.md, "The claims table", "Verdict rules" and "The design").
 
-A claim is declared in ``conf/reproduce/<paper>.yaml`` and evaluated on the runs its
-reproduction wrote. Every comparison is a *gain*: method minus baseline, paired by seed,
-signed so that a positive gain is in the claim's favour (baseline minus method for metrics
-where lower is better). Kinds:
+A claim is declared in ``conf/reproduce/<paper>.yaml`` (``claim_spec``: kinds, sizes, the
+checks) and evaluated here on the runs its reproduction wrote. Every comparison is a *gain*:
+method minus baseline, paired by seed, signed so that a positive gain is in the claim's
+favour (baseline minus method for metrics where lower is better). Kinds: ``superiority``
+(``statistic: steps_saving`` tests the share of steps saved), ``non_inferiority``,
+``equivalence``, ``threshold`` and ``interaction`` (docs, "Declared claims").
 
-- ``superiority``: the gain exceeds ``fraction`` (default one half) of the claimed effect:
-  ``paper_effect`` (the paper's number, in the metric's units) or, when the paper gives no
-  number, the declared smallest effect of interest ``effect`` (defaults by metric,
-  ``METRIC_DEFAULTS``); the region between that target and the claimed effect is where
-  "reproduced" and "smaller than claimed" may both be shown. ``statistic: steps_saving``
-  tests the share of steps saved to the baseline's final ``metric`` instead (exact
-  sign-flip test; ``paper_effect`` or ``effect`` required).
-- ``non_inferiority``: the gain is above ``-margin``.
-- ``equivalence``: the gain is within ``+-margin`` (TOST).
-- ``threshold``: the mean of ``metric`` over the method's runs is ``above`` / ``below``
-  ``threshold`` (``tolerance``: the band on the claimed side read as "smaller than claimed").
-- ``interaction``: the gain at ``contrast.values[0]`` minus the gain at ``contrast.values[1]``
-  of the key ``contrast.key``, paired by seed, exceeds ``fraction`` of ``effect`` (absolute).
-
-``where`` selects runs (a list value is one cell per value: "at every epsilon"),
-``method_where`` / ``baseline_where`` add conditions on one side, ``sweep`` restricts the
-runs to the named sweep folders of the paper. ``margin_relative`` / ``effect_relative`` give a
-margin or an effect as a share of the baseline's mean in the cell (RMSE). ``diagnostic:
-true`` marks a precondition, kept out of the multiplicity families.
+Each cell's tests are one-sided tests of the mean gain, taken per stage of the paper's
+design (``design``: a pilot and a follow-up, combined by the inverse-normal test; without a
+design, one fixed look at the full alpha). A seed without a usable run on a side is a failed
+seed: each test imputes for it the least favourable gain observed in its stage (the
+smallest for a test for the claim, the largest for a test against it), and a failure rate
+whose Clopper-Pearson interval lies wholly above ``max_failure_rate`` reads "failed runs".
+The verdicts within a paper: ``verdicts.family_p``; the table: ``claims_table``.
 """
 
 from __future__ import annotations
@@ -32,54 +22,67 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
+from dpbench.analysis.claim_spec import (
+    FAILURE_LIMIT,
+    FRACTION,
+    KINDS,
+    METRIC_DEFAULTS,
+    THRESHOLD_TOLERANCE,
+    ClaimSpecError,
+    cell_label,
+    claim_name,
+    claim_sweeps,
+    edges,
+    expand_cells,
+    lookup,
+    metric_value,
+    select,
+    validate_claim,
+)
+from dpbench.analysis.claims_table import LEGEND, claims_markdown, format_p, target_text
+from dpbench.analysis.design import (
+    Stages,
+    design_p,
+    failure_interval,
+    fixed_seeds,
+    follow_up_seeds,
+)
 from dpbench.analysis.stats import (
     ALPHA,
     benjamini_hochberg,
-    exact_min_n,
     higher_is_better,
-    holm,
-    no_spread,
-    one_sided_p,
+    one_sided_q,
     probability_of_improvement,
-    sd_upper_bound,
-    seeds_for_power,
-    sign_flip_interval,
     t_interval,
-    tost,
+)
+from dpbench.analysis.verdicts import (
+    AGAINST,
+    MIN_VALUES,
+    VERDICTS,
+    cells_p,
+    decide,
+    equivalence_verdict,
+    family_p,
+    non_inferiority_verdict,
+    superiority_verdict,
+    threshold_verdict,
 )
 
-KINDS = ("superiority", "non_inferiority", "equivalence", "threshold", "interaction")
-VERDICTS = ("reproduced", "smaller than claimed", "contradicted", "underpowered", "failed runs",
-            "not run")
-#: the verdicts against a claim (decided by the tests of the claimed effect and the target)
-AGAINST = ("smaller than claimed", "contradicted")
-#: the share of the claimed effect (the paper's, or the declared smallest effect of interest)
-#: that a superiority claim must be shown to exceed to be reproduced
-FRACTION = 0.5
-#: a threshold claim's default tolerance, as a share of the threshold: the mean shown within
-#: it on the claimed side reads "smaller than claimed" (so that a mean at the threshold is
-#: decided too)
-THRESHOLD_TOLERANCE = 0.1
-#: per metric: ``effect``, the smallest effect of interest of a claim whose paper gives no
-#: number; ``margin``, the margin of non-inferiority and equivalence; ``*_relative``: as a
-#: share of the baseline's mean. Each is justified in docs/tuning-and-claims.md ("Margins").
-METRIC_DEFAULTS: dict[str, dict[str, float]] = {
-    "accuracy": {"effect": 0.01, "margin": 0.01},
-    "worst_class_accuracy": {"effect": 0.01, "margin": 0.01},
-    "macro_accuracy": {"effect": 0.01, "margin": 0.01},
-    "ece": {"effect": 0.01, "margin": 0.01},
-    "rmse": {"effect_relative": 0.05, "margin_relative": 0.10},
-    "mae": {"effect_relative": 0.05, "margin_relative": 0.10},
-    "crps": {"effect_relative": 0.05, "margin_relative": 0.10},
-    "mia_tpr_at_1pct_fpr": {"effect": 0.01, "margin": 0.01},
-    "mia_auc": {"effect": 0.02, "margin": 0.02},
-}
-#: the seed of the steps-saving null's resampling; each cell gets its own spawned stream
+__all__ = ["AGAINST", "FAILURE_LIMIT", "FRACTION", "KINDS", "LEGEND", "METRIC_DEFAULTS",
+           "THRESHOLD_TOLERANCE", "VERDICTS", "CellResult", "ClaimDataError",
+           "ClaimSpecError", "adjust", "claims_markdown", "decide", "equivalence_verdict",
+           "evaluate_claim", "lookup", "non_inferiority_verdict", "select",
+           "superiority_verdict", "target_text", "threshold_verdict", "validate_claim"]
+
+#: the fewest values a studentised bootstrap is run on (below it, too few distinct
+#: resamples for its tails)
+BOOTSTRAP_MIN_VALUES = 6
+#: the seed of the bootstrap's and the steps null's resampling; each cell its own stream
 NULL_SEED = 0
 NULL_DRAWS = 20000
 
@@ -87,41 +90,6 @@ NULL_DRAWS = 20000
 class ClaimDataError(ValueError):
     """The runs a claim selects cannot be paired: more than one record for a (cell, seed,
     side), named by their files."""
-
-
-def lookup(record: dict[str, Any], key: str) -> Any:
-    """Return ``record[key]`` for a dotted key (``config.method.settings.filter``)."""
-    value: Any = record
-    for part in key.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
-
-
-def _matches(record: dict[str, Any], where: dict[str, Any]) -> bool:
-    for key, wanted in where.items():
-        value = lookup(record, key)
-        if isinstance(value, float) and isinstance(wanted, (int, float)):
-            if not math.isclose(value, float(wanted)):
-                return False
-        elif value != wanted:
-            return False
-    return True
-
-
-def select(records: Iterable[dict[str, Any]], method: str | None, where: dict[str, Any],
-           sweeps: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Return the records of ``method`` matching ``where`` (and in ``sweeps``, if given)."""
-    return [r for r in records if (method is None or r.get("method_name") == method)
-            and (not sweeps or r.get("_sweep") in sweeps) and _matches(r, where)]
-
-
-def _metric(record: dict[str, Any], metric: str) -> float | None:
-    value = (record.get("metrics") or {}).get(metric, record.get(metric))
-    if value is None and "." in metric:
-        value = lookup(record, metric)  # e.g. method_summary.floor_binding_share
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def by_seed(records: list[dict[str, Any]], metric: str, what: str) -> dict[int, dict]:
@@ -135,433 +103,328 @@ def by_seed(records: list[dict[str, Any]], metric: str, what: str) -> dict[int, 
                 f"{what}: seed {seed} has more than one run: {out[seed].get('_path', '?')} and "
                 f"{r.get('_path', '?')} (restrict the claim with 'sweep' or 'where')")
         out[seed] = r
-    return {s: r for s, r in out.items() if _metric(r, metric) is not None} if metric else out
+    return {s: r for s, r in out.items()
+            if metric_value(r, metric) is not None} if metric else out
 
-
-def _cells(where: dict[str, Any]) -> list[dict[str, Any]]:
-    """Expand list-valued ``where`` entries into one cell per value (cartesian product)."""
-    cells: list[dict[str, Any]] = [{}]
-    for key, value in where.items():
-        values = value if isinstance(value, list) else [value]
-        cells = [{**c, key: v} for c in cells for v in values]
-    return cells
-
-
-def _cell_label(cell: dict[str, Any], where: dict[str, Any]) -> str:
-    """Name the cell by the ``where`` keys that vary (list-valued) only."""
-    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in cell.items()
-                     if isinstance(where.get(k), list))
-
-
-# --- spec validation ----------------------------------------------------------------------
-
-class ClaimSpecError(ValueError):
-    """A claim declared in a spec that cannot be tested as written; the message is one line
-    naming the claim and the key."""
-
-
-_POSITIVE = ("paper_effect", "effect", "effect_relative", "margin", "margin_relative",
-             "tolerance")
-
-
-def validate_claim(claim: dict[str, Any]) -> None:
-    """Raise ClaimSpecError (one line: the claim and the key) for a claim whose test would be
-    meaningless: an unknown kind; a size that is not a positive number; a relative effect
-    on an interaction or a steps saving (it would be a share of the baseline's mean of a
-    difference, or of a share of steps); a steps saving or an interaction without an
-    absolute effect (a metric's default is in the metric's units, not in steps);
-    ``fraction`` outside (0, 1); a threshold without ``threshold``."""
-    name = claim.get("id", claim.get("claim", "?"))
-    kind = claim.get("kind", "superiority")
-
-    def fail(key: str, why: str) -> None:
-        raise ClaimSpecError(f"claim {name!r}: key {key!r}: {why}")
-
-    if kind not in KINDS:
-        fail("kind", f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
-    for key in _POSITIVE:
-        value = claim.get(key)
-        if key in claim and not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                 and math.isfinite(value) and value > 0):
-            fail(key, f"must be a positive number (got {value!r})")
-    fraction = claim.get("fraction", FRACTION)
-    if not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
-        fail("fraction", f"must lie strictly between 0 and 1 (got {fraction!r})")
-    steps = claim.get("statistic") == "steps_saving"
-    if steps or kind == "interaction":
-        what = "a steps saving" if steps else "an interaction"
-        for key in ("effect_relative", "margin_relative"):
-            if key in claim:
-                fail(key, f"a relative size is undefined for {what} (declare 'effect')")
-        if "paper_effect" not in claim and "effect" not in claim:
-            fail("paper_effect" if steps else "effect",
-                 f"{what} needs an absolute size (the metric's default is in its own units)")
-    if kind == "threshold" and not isinstance(claim.get("threshold"), (int, float)):
-        fail("threshold", "a threshold claim needs a number")
-    if kind == "threshold" and claim.get("threshold") == 0 and "tolerance" not in claim:
-        fail("tolerance", "a threshold of 0 needs a declared tolerance")
-    if kind == "interaction":
-        contrast = claim.get("contrast") or {}
-        if "key" not in contrast or len(contrast.get("values") or []) != 2:
-            fail("contrast", "an interaction needs contrast.key and two contrast.values")
-
-
-# --- verdict rules on intervals (each tested on fixed numbers) ----------------------------
-
-def superiority_verdict(low: float, high: float, target: float, claimed: float) -> str:
-    """Return the verdict of a gain with 95 % interval [low, high] (docs "Verdict rules").
-
-    reproduced: the interval excludes every gain up to ``target`` (the share of the paper's
-    effect, or of the smallest effect of interest, that counts); contradicted: it excludes
-    every gain from the target up; smaller than claimed: it excludes ``claimed`` (the paper's
-    effect) but not the target; underpowered: it holds both. Every true gain is decided with
-    enough seeds: above the target by the first rule, below ``claimed`` by the others.
-    """
-    if low > target:
-        return "reproduced"
-    if high < target:
-        return "contradicted"
-    if high < claimed:
-        return "smaller than claimed"
-    return "underpowered"
-
-
-def non_inferiority_verdict(low: float, high: float, margin: float) -> str:
-    """reproduced when the 95 % interval of the gain is above ``-margin``, contradicted when
-    wholly below it, smaller than claimed when below 0 (worse than the baseline, within
-    or at the margin), underpowered otherwise."""
-    return superiority_verdict(low, high, -margin, 0.0)
-
-
-def equivalence_verdict(low: float, high: float, margin: float) -> str:
-    """reproduced when the 95 % interval lies inside (-margin, margin) (TOST, 2.5 % a side),
-    contradicted when it lies wholly outside, smaller than claimed when it excludes 0 (a
-    difference is shown, not one beyond the margin; the claims table reads this from the
-    97.5 % interval, both directions within the 2.5 % budget), underpowered otherwise."""
-    if -margin < low and high < margin:
-        return "reproduced"
-    if low > margin or high < -margin:
-        return "contradicted"
-    if low > 0 or high < 0:
-        return "smaller than claimed"
-    return "underpowered"
-
-
-def threshold_verdict(low: float, high: float, threshold: float, expect: str,
-                      tolerance: float) -> str:
-    """reproduced when the 95 % interval of the mean is wholly on the claimed side of
-    ``threshold``, contradicted when wholly on the other, smaller than claimed when it
-    excludes the threshold moved ``tolerance`` to the claimed side (at most marginally on
-    it), underpowered otherwise."""
-    if expect == "below":
-        low, high, threshold = -high, -low, -threshold
-    return superiority_verdict(low, high, threshold, threshold + tolerance)
-
-
-def decide(p_for: float, p_against: float, p_smaller: float, level: float = ALPHA) -> str:
-    """Return the verdict from the claim's three p-values (ALPHA scale, Holm-adjusted within
-    a paper): reproduced when the test for the claim rejects at ``level``; otherwise
-    contradicted when the tests of the claimed effect and of the target both reject, smaller
-    than claimed when only the first does; underpowered otherwise."""
-    if p_for <= level:
-        return "reproduced"
-    if p_smaller <= level:
-        return "contradicted" if p_against <= level else "smaller than claimed"
-    return "underpowered"
-
-
-# --- evaluation ---------------------------------------------------------------------------
 
 @dataclass
 class CellResult:
-    """One cell of a claim: the per-seed values the test uses and its outcome."""
+    """One cell of a claim: the per-seed values the tests use and their outcome."""
 
     label: str
     values: list[float]           # per-seed gains (or metric values, threshold claims)
-    low: float = math.nan         # the 95 % interval the verdict reads
-    high: float = math.nan
+    seeds: list[int] = field(default_factory=list)    # the seed of each value
+    stages: list[int] = field(default_factory=list)   # the design stage of each value (1, 2)
+    low: float = math.nan         # the 95 % interval shown (failures imputed, each end its
+    high: float = math.nan        # least favourable)
     estimate: float = math.nan
     verdict: str = "not run"
     p_for: float = math.nan       # H0: the gain is at most the target (ALPHA scale)
     p_against: float = math.nan   # H0: the gain is at least the target
     p_smaller: float = math.nan   # H0: the gain is at least the claimed effect
+    q1_for: float = math.nan      # the pilot's one-sided p of the test for the claim
+    pilot_margin: float = math.nan  # the pilot's 97.5 % lower bound of the gain less the target
     target: float = math.nan      # the effect, margin or threshold the verdict compares with
     paper: float = math.nan       # the claimed effect (the paper's, or the declared one)
-    sd: float = math.nan          # the spread of the values (for the seeds hint)
-    exact: bool = False           # decided by the exact sign-flip test
+    sd: float = math.nan          # the pilot's spread (the seeds hint)
+    n_pilot: int = 0              # seeds of the pilot (failed ones included)
+    n_follow_up: int = 0          # seeds of the follow-up (failed ones included)
+    exact: bool = False           # a studentised bootstrap, not the t test, decided
     failed: list[int] = field(default_factory=list)   # seeds whose method run failed
     failed_baseline: list[int] = field(default_factory=list)
+    failed_stages: list[int] = field(default_factory=list)  # the stage of each failed seed
+    expected: int = 0             # the seeds the cell should have
     notes: list[str] = field(default_factory=list)
 
 
-def _defaults(claim: dict[str, Any], name: str) -> tuple[float | None, float | None]:
-    """Return (absolute, relative) of ``effect`` or ``margin``: the claim's, else the metric's."""
-    base = METRIC_DEFAULTS.get(claim["metric"].split(".")[-1], {})
-    if f"{name}_relative" in claim:
-        return None, float(claim[f"{name}_relative"])
-    if name in claim:
-        return float(claim[name]), None
-    if name in base:
-        return base[name], None
-    if f"{name}_relative" in base:
-        return None, base[f"{name}_relative"]
-    return None, None
+# --- one cell's tests -----------------------------------------------------------------------
 
-
-def _scaled(claim: dict[str, Any], name: str, baseline_mean: float) -> float:
-    absolute, relative = _defaults(claim, name)
-    if absolute is not None:
-        return absolute
-    if relative is not None:
-        return relative * abs(baseline_mean)
-    raise ValueError(f"claim {claim.get('id', claim['claim'])!r}: no {name} for metric "
-                     f"{claim['metric']!r} (declare '{name}' or '{name}_relative')")
-
-
-def _pairs(claim: dict[str, Any], records: list[dict[str, Any]], cell: dict[str, Any],
-           label: str) -> tuple[dict[int, dict], dict[int, dict], list[str]]:
-    sweeps = claim.get("sweep")
-    sweeps = [sweeps] if isinstance(sweeps, str) else sweeps
-    metric = claim["metric"] if claim.get("statistic") != "steps_saving" else ""
-    what = f"claim {claim.get('id', claim['claim'])!r}, cell {label or 'all'}"
-    mine = by_seed(select(records, claim["method"], {**cell, **claim.get("method_where", {})},
-                          sweeps), metric, f"{what}, {claim['method']}")
-    base = by_seed(select(records, claim["baseline"],
-                          {**cell, **claim.get("baseline_where", {})}, sweeps),
-                   metric, f"{what}, {claim['baseline']}")
-    notes = []
-    for side, have, other in ((claim["method"], mine, base), (claim["baseline"], base, mine)):
-        if missing := sorted(set(other) - set(have)):
-            notes.append(f"{label + ': ' if label else ''}{side} lacks seed(s) "
-                         f"{', '.join(map(str, missing))}")
-    return mine, base, notes
-
-
-def _gains(claim: dict[str, Any], mine: dict[int, dict], base: dict[int, dict]) -> dict:
-    sign = 1.0 if higher_is_better(claim["metric"].split(".")[-1]) else -1.0
-    return {s: sign * (_metric(mine[s], claim["metric"]) - _metric(base[s], claim["metric"]))
-            for s in sorted(set(mine) & set(base))}
-
-
-def _failed(claim: dict[str, Any], records: list[dict[str, Any]], method: str | None,
-            where: dict[str, Any], usable: Iterable[int]) -> list[int]:
-    """Return the seeds of ``method`` in the cell whose run failed (status ``failed``, or
-    completed without a finite ``metric``) and that have no usable run."""
-    metric = claim["metric"] if claim.get("statistic") != "steps_saving" else ""
-    bad = {int(r["seed"]) for r in select(records, method, where, _sweeps(claim))
-           if "seed" in r and (r.get("status") == "failed"
-                               or (metric and _metric(r, metric) is None))}
-    return sorted(bad - set(usable))
-
-
-def _edges(claim: dict[str, Any], baseline_mean: float) -> tuple[float, float]:
-    """Return (target, claimed) of a difference claim in gain units: the gain the claim must
-    be shown to exceed, and the effect the paper (or the declared smallest effect of
-    interest) states; for equivalence (margin, 0)."""
-    kind = claim["kind"]
-    if kind in ("non_inferiority", "equivalence"):
-        margin = _scaled(claim, "margin", baseline_mean)
-        return (-margin, 0.0) if kind == "non_inferiority" else (margin, 0.0)
-    paper = claim.get("paper_effect")
-    claimed = float(paper) if paper is not None else _scaled(claim, "effect", baseline_mean)
-    return float(claim.get("fraction", FRACTION)) * claimed, claimed
+def _stage_q(x: np.ndarray, failed: int, null: float, alternative: str, bootstrap: bool,
+             rng: np.random.Generator | None) -> float:
+    """One stage's one-sided p: each failed seed imputed with the least favourable value the
+    stage observed (the smallest for ``greater``, the largest for ``less``)."""
+    if failed and len(x):
+        x = np.concatenate([x, np.full(failed, x.min() if alternative == "greater"
+                                       else x.max())])
+    if len(x) < (BOOTSTRAP_MIN_VALUES if bootstrap else MIN_VALUES):
+        return math.nan
+    return float(one_sided_q(x, null, alternative, bootstrap=bootstrap, rng=rng))
 
 
 def _test(cell: CellResult, target: float, claimed: float, *, equivalence: bool = False,
-          exact: bool = False, sign: float = 1.0,
+          exact: bool = False, sign: float = 1.0, design: bool = False,
           rng: np.random.Generator | None = None) -> CellResult:
     """Fill ``cell``'s interval, p-values and verdict from its values (``sign`` -1 tests the
-    negated values: a threshold expected below). A t test, or the exact sign-flip test when
-    ``exact`` or when the values have no spread (docs "Verdict rules")."""
+    negated values: a threshold expected below). Per stage a t test, or the studentised
+    bootstrap when ``exact``; with ``design`` the stages are combined (``design.design_p``),
+    without it the cell is one look at the full alpha (docs "Verdict rules")."""
     x = sign * np.asarray(cell.values, dtype=float)
+    stage = np.asarray(cell.stages or [1] * len(x))
+    fails = np.asarray(cell.failed_stages, dtype=int)
     cell.target, cell.paper = sign * target, sign * claimed
-    if len(x) < 2:
-        cell.estimate = float(np.mean(cell.values)) if len(x) else math.nan
+    cell.exact = bool(exact)
+    cell.n_pilot = int(np.sum(stage == 1) + np.sum(fails == 1))
+    cell.n_follow_up = int(np.sum(stage == 2) + np.sum(fails == 2))
+    if len(x):
+        cell.estimate = float(np.mean(cell.values))
+    pilot = x[stage == 1] if design else x
+    if len(pilot) >= 2:
+        cell.sd = float(np.std(pilot, ddof=1))
+    if len(x) + len(fails) < MIN_VALUES or len(x) < 2:
         cell.verdict = "underpowered" if len(x) else "not run"
         return cell
-    cell.sd = float(np.std(x, ddof=1))
-    cell.exact = bool(exact or no_spread(x))
 
-    def p(null: float, alternative: str) -> float:
-        return one_sided_p(x, null, alternative, exact=cell.exact, rng=rng)
+    def q(null: float, alternative: str, first_only: bool = False) -> float:
+        if not design:
+            return _stage_q(x, len(fails), null, alternative, exact, rng)
+        q1, q2 = (_stage_q(x[stage == s], int(np.sum(fails == s)), null, alternative, exact,
+                           rng) for s in (1, 2))
+        if first_only:
+            return q1
+        return float(design_p(q1, q2))
 
     if equivalence:
         margin = target
-        tost_p = (max(p(-margin, "greater"), p(margin, "less")) if cell.exact
-                  else tost(x, -margin, margin))
-        cell.p_for = min(1.0, 2 * tost_p)
-        cell.p_against = min(1.0, 2 * min(p(margin, "greater"), p(-margin, "less")))
+        cell.p_for = min(1.0, 2 * max(q(-margin, "greater"), q(margin, "less")))
+        cell.p_against = min(1.0, 2 * min(q(margin, "greater"), q(-margin, "less")))
         # a difference in either direction: two one-sided tests, Bonferroni (2.5 % in all)
-        cell.p_smaller = min(1.0, 4 * min(p(0.0, "greater"), p(0.0, "less")))
+        cell.p_smaller = min(1.0, 4 * min(q(0.0, "greater"), q(0.0, "less")))
     else:
-        cell.p_for = min(1.0, 2 * p(target, "greater"))
-        cell.p_against = min(1.0, 2 * p(target, "less"))
-        cell.p_smaller = min(1.0, 2 * p(claimed, "less"))
-    if cell.exact:
-        low, high = sign_flip_interval(x, 1 - ALPHA)
-    else:
-        interval = t_interval(x, 1 - ALPHA)
-        low, high = interval.low, interval.high
-    cell.estimate = sign * float(x.mean())
+        cell.p_for = min(1.0, 2 * q(target, "greater"))
+        cell.p_against = min(1.0, 2 * q(target, "less"))
+        cell.p_smaller = min(1.0, 2 * q(claimed, "less"))
+        cell.q1_for = q(target, "greater", first_only=True) if design else math.nan
+        if design and len(pilot) >= 2:
+            cell.pilot_margin = pilot_lower_bound(pilot) - target
+    # the claimed effect lies beyond the target (equivalence: outside the margin is a
+    # difference): rejecting the larger hypothesis rejects the one inside it
+    cell.p_smaller = float(np.fmin(cell.p_smaller, cell.p_against))
+    worst = np.concatenate([x, np.full(len(fails), x.min())])
+    best = np.concatenate([x, np.full(len(fails), x.max())])
+    low, high = t_interval(worst, 1 - ALPHA).low, t_interval(best, 1 - ALPHA).high
     cell.low, cell.high = (low, high) if sign > 0 else (-high, -low)
     cell.verdict = decide(cell.p_for, cell.p_against, cell.p_smaller)
     return cell
 
 
-def _difference_cell(claim: dict[str, Any], gains: Sequence[float], baseline_mean: float,
-                     label: str, *, exact: bool = False,
+def pilot_lower_bound(x: np.ndarray) -> float:
+    """The one-sided 97.5 % t lower bound of the mean of the pilot's observed values."""
+    return float(np.mean(x) - stats.t.ppf(0.975, len(x) - 1) * np.std(x, ddof=1)
+                 / math.sqrt(len(x)))
+
+
+def _difference_cell(claim: dict[str, Any], cell: CellResult, baseline_mean: float, *,
+                     exact: bool = False, design: bool = False,
                      rng: np.random.Generator | None = None) -> CellResult:
     """Test one cell's gains by the claim's kind (superiority, non-inferiority, equivalence,
     interaction)."""
-    cell = CellResult(label, list(gains))
     if not cell.values:
         return cell
-    target, claimed = _edges(claim, baseline_mean)
+    target, claimed = edges(claim, baseline_mean)
     return _test(cell, target, claimed, equivalence=claim["kind"] == "equivalence",
-                 exact=exact, rng=rng)
+                 exact=exact, design=design, rng=rng)
 
 
-def _threshold_cell(claim: dict[str, Any], values: Sequence[float], label: str) -> CellResult:
+def _threshold_cell(claim: dict[str, Any], cell: CellResult, design: bool) -> CellResult:
     threshold = float(claim["threshold"])
     tolerance = float(claim.get("tolerance", THRESHOLD_TOLERANCE * abs(threshold)))
     sign = 1.0 if claim.get("expect", "above") == "above" else -1.0
-    cell = _test(CellResult(label, list(values)), sign * threshold, sign * threshold + tolerance,
-                 sign=sign)
+    cell = _test(cell, sign * threshold, sign * threshold + tolerance, sign=sign,
+                 design=design)
     cell.paper = threshold + sign * tolerance
     return cell
 
 
-def _steps_cell(claim: dict[str, Any], mine: dict[int, dict], base: dict[int, dict],
-                label: str, stream: np.random.SeedSequence) -> CellResult:
-    """Steps saved per seed, less the mean saving of baseline-versus-baseline pairs (the
-    first-crossing bias of a noisy curve), tested as a superiority gain by the exact
-    sign-flip test (the saving is discrete and skewed: a t test does not hold)."""
+# --- the runs of a cell -----------------------------------------------------------------------
+
+@dataclass
+class _Side:
+    usable: dict[int, dict]       # seed -> the record with a usable value
+    failed: list[int]             # seeds expected without one
+
+
+def _sides(claim: dict[str, Any], records: list[dict[str, Any]],
+           everything: list[dict[str, Any]], cell: dict[str, Any], label: str,
+           stages: Stages | None, metric: str) -> tuple[_Side, _Side, list[str]]:
+    """Return the method's and the baseline's runs of a cell: usable records by seed and the
+    failed seeds (a failed run, one without a finite metric, or, for a seed expected in the
+    cell, none at all: the design's seeds, or without a design every seed either side has)."""
+    what = f"claim {claim_name(claim)!r}, cell {label or 'all'}"
+    sweeps = claim_sweeps(claim)
+    out, seen = [], set()
+    for name, extra in ((claim["method"], "method_where"), (claim["baseline"], "baseline_where")):
+        where = {**cell, **claim.get(extra, {})}
+        usable = by_seed(select(records, name, where, sweeps), metric, f"{what}, {name}")
+        anything = {int(r["seed"]) for r in select(everything, name, where, sweeps)
+                    if "seed" in r}
+        out.append((usable, anything))
+        seen |= anything | set(usable)
+    # a cell nobody ran is "not run", not failed on every seed
+    expected = (set(stages.seeds) if stages is not None else seen) if seen else set()
+    notes = []
+    if stages is not None and (outside := sorted(seen - expected)):
+        notes.append(f"{label + ': ' if label else ''}seed(s) {', '.join(map(str, outside))} "
+                     "outside the design, not used")
+    sides = [_Side({s: r for s, r in usable.items() if s in expected},
+                   sorted(expected - set(usable))) for usable, _ in out]
+    return sides[0], sides[1], notes
+
+
+def _stage(stages: Stages | None, seed: int) -> int:
+    return 1 if stages is None else (stages.stage_of(seed) or 1)
+
+
+def _gain_cell(claim: dict[str, Any], mine: _Side, base: _Side, label: str,
+               stages: Stages | None) -> tuple[CellResult, float]:
+    """Return the cell of per-seed gains (failed seeds of either side marked) and the
+    baseline's mean over the paired seeds."""
+    sign = 1.0 if higher_is_better(claim["metric"].split(".")[-1]) else -1.0
+    seeds = sorted(set(mine.usable) & set(base.usable))
+    gains = [sign * (metric_value(mine.usable[s], claim["metric"])
+                     - metric_value(base.usable[s], claim["metric"])) for s in seeds]
+    base_mean = float(np.mean([metric_value(base.usable[s], claim["metric"])
+                               for s in seeds])) if seeds else math.nan
+    return _cell(label, gains, seeds, mine.failed, base.failed, stages), base_mean
+
+
+def _cell(label: str, values: list[float], seeds: list[int], failed: list[int],
+          failed_baseline: list[int], stages: Stages | None) -> CellResult:
+    lost = sorted(set(failed) | set(failed_baseline))
+    return CellResult(label, list(values), list(seeds), [_stage(stages, s) for s in seeds],
+                      failed=list(failed), failed_baseline=list(failed_baseline),
+                      failed_stages=[_stage(stages, s) for s in lost],
+                      expected=len(seeds) + len(lost))
+
+
+def _steps_cell(claim: dict[str, Any], mine: _Side, base: _Side, label: str,
+                stages: Stages | None, stream: np.random.SeedSequence,
+                design: bool) -> CellResult:
+    """Steps saved per seed, less the mean saving of baseline-versus-baseline pairs of the
+    same stage (the first-crossing bias of a noisy curve), tested as a superiority gain by
+    the studentised bootstrap (the saving is discrete and skewed: neither the t test nor a
+    sign-flip test holds). A seed whose curve cannot be read is a failed seed."""
     from dpbench.analysis.steps_to_target import saving
 
     metric = claim["metric"]
-    pairs = [saving(base[s], mine[s], metric) for s in sorted(set(mine) & set(base))]
-    null_pairs = [saving(base[i], base[j], metric) for i in sorted(base) for j in sorted(base)
-                  if i != j]
-    observed = [v for v, _ in (p for p in pairs if p is not None)]
-    null = [v for v, _ in (p for p in null_pairs if p is not None)]
-    censored = sum(1 for p in pairs if p is not None and not p[1])
-    null_censored = sum(1 for p in null_pairs if p is not None and not p[1])
-    null_mean = float(np.mean(null)) if null else math.nan
-    test_stream, null_stream = stream.spawn(2)
-    cell = _difference_cell({**claim, "kind": "superiority"},
-                            [v - null_mean for v in observed], math.nan, label, exact=True,
-                            rng=np.random.default_rng(test_stream))
-    prefix = f"{label}: " if label else ""
-    if not observed:
-        return cell
-    cell.notes.append(
-        f"{prefix}raw saving {np.mean(observed):.3f}, "
-        f"{censored}/{len(observed)} never reached; null of {len(null)} baseline pairs "
-        f"({null_censored} never reached): mean {null_mean:.3f}, P(null mean of "
-        f"{len(observed)} >= {cell.paper:.3f}) = "
-        f"{null_exceeds(null, len(observed), cell.paper, null_stream):.2f}")
+    pairs = {s: saving(base.usable[s], mine.usable[s], metric)
+             for s in sorted(set(mine.usable) & set(base.usable))}
+    unread = sorted(s for s, p in pairs.items() if p is None)
+    pairs = {s: p for s, p in pairs.items() if p is not None}
+    values, seeds, censored, null_text = [], [], 0, []
+    for stage in (1, 2):
+        mine_s = [s for s in pairs if _stage(stages, s) == stage]
+        base_s = [s for s in base.usable if _stage(stages, s) == stage]
+        null = [p[0] for i in base_s for j in base_s if i != j
+                if (p := saving(base.usable[i], base.usable[j], metric)) is not None]
+        null_mean = float(np.mean(null)) if null else math.nan
+        if mine_s:
+            null_text.append(f"stage {stage}: null of {len(null)} baseline pairs, mean "
+                             f"{null_mean:.3f}" if design else
+                             f"null of {len(null)} baseline pairs: mean {null_mean:.3f}")
+        for s in mine_s:
+            if math.isfinite(null_mean):
+                values.append(pairs[s][0] - null_mean)
+                seeds.append(s)
+                censored += not pairs[s][1]
+    cell = _cell(label, values, seeds, sorted(set(mine.failed) | set(unread)), base.failed,
+                 stages)
+    cell = _difference_cell({**claim, "kind": "superiority"}, cell, math.nan, exact=True,
+                            design=design, rng=np.random.default_rng(stream))
+    if pairs:
+        prefix = f"{label}: " if label else ""
+        cell.notes.append(f"{prefix}raw saving {np.mean([p[0] for p in pairs.values()]):.3f}, "
+                          f"{censored}/{len(values)} never reached; " + "; ".join(null_text))
     return cell
 
 
-def null_exceeds(null: Sequence[float], n: int, value: float,
-                 stream: np.random.SeedSequence, draws: int = NULL_DRAWS) -> float:
-    """Return P(mean of ``n`` draws from ``null`` >= ``value``) by resampling (its own stream)."""
-    if not null or n < 1 or not math.isfinite(value):
-        return math.nan
-    rng = np.random.default_rng(stream)
-    means = rng.choice(np.asarray(null, dtype=float), size=(draws, n)).mean(axis=1)
-    return float(np.mean(means >= value - 1e-12))
-
-
-def _interaction_gains(claim: dict[str, Any], records: list[dict[str, Any]],
-                       everything: list[dict[str, Any]]) -> tuple:
-    """Return per seed the gain at the first contrast value minus the gain at the second,
-    the two gaps by seed, the notes, the records used and the failed seeds of each side."""
+def _interaction_cell(claim: dict[str, Any], records: list[dict[str, Any]],
+                      everything: list[dict[str, Any]], stages: Stages | None
+                      ) -> tuple[CellResult, list, list[str], list[dict]]:
+    """Return the cell of per-seed differences of the gain at the first contrast value and
+    at the second (a seed failed on either counts failed), the two gaps by seed, the notes
+    and the records used."""
     contrast = claim["contrast"]
-    gaps, notes, used, failed, failed_base = [], [], [], [], []
+    gaps, notes, used, failed, failed_base = [], [], [], set(), set()
     for value in contrast["values"]:
         cell = {**(claim.get("where") or {}), contrast["key"]: value}
         label = f"{contrast['key'].split('.')[-1]}={value}"
-        mine, base, missing = _pairs(claim, records, cell, label)
-        gaps.append(_gains(claim, mine, base))
-        notes += missing
-        used += list(mine.values()) + list(base.values())
-        failed += _failed(claim, everything, claim["method"],
-                          {**cell, **claim.get("method_where", {})}, mine)
-        failed_base += _failed(claim, everything, claim["baseline"],
-                               {**cell, **claim.get("baseline_where", {})}, base)
+        mine, base, more = _sides(claim, records, everything, cell, label, stages,
+                                  claim["metric"])
+        gain, _ = _gain_cell(claim, mine, base, label, stages)
+        gaps.append(dict(zip(gain.seeds, gain.values)))
+        notes += more
+        used += list(mine.usable.values()) + list(base.usable.values())
+        failed |= set(mine.failed)
+        failed_base |= set(base.failed)
     first, second = gaps
     seeds = sorted(set(first) & set(second))
-    if dropped := sorted(set(first) ^ set(second)):
-        notes.append(f"seed(s) {', '.join(map(str, dropped))} lack one of the two gaps")
-    return ([first[s] - second[s] for s in seeds], gaps, notes, used,
-            sorted(set(failed)), sorted(set(failed_base)))
+    lost = (set(first) ^ set(second)) - failed - failed_base
+    if lost:   # one gap of a seed is missing without a failure on record
+        failed |= lost
+    return (_cell("difference of gaps", [first[s] - second[s] for s in seeds], seeds,
+                  sorted(failed), sorted(failed_base), stages), gaps, notes, used)
 
 
 def _completed(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r.get("status", "completed") == "completed"]
 
 
+# --- a claim --------------------------------------------------------------------------------
+
 def evaluate_claim(claim: dict[str, Any], records: list[dict[str, Any]],
-                   seed: int = NULL_SEED) -> dict[str, Any]:
+                   seed: int = NULL_SEED, stages: Stages | None = None) -> dict[str, Any]:
     """Return the claim with its cells, ``measured`` text, ``verdict`` (alone: a family of
     one; ``adjust`` decides within the paper), the p-values ``p_for`` / ``p_against`` /
-    ``p_smaller`` (ALPHA scale), ``p_improvement``, ``seeds_needed`` and ``notes``.
+    ``p_smaller`` (ALPHA scale), ``p_improvement``, ``seeds_needed``, its failure rate and
+    ``notes``. ``stages``: the paper's design (None: one fixed look at the full alpha).
 
-    ``records`` may hold failed runs: a seed whose method run failed counts as the worst
-    outcome (the claim cannot be reproduced; a verdict against it on the other seeds
-    stands), one whose baseline run failed leaves the claim "failed runs".
+    ``records`` may hold failed runs; a seed without a usable run on a side is a failed seed
+    (imputed per test by the least favourable observed gain), and a failure rate shown above
+    the claim's ``max_failure_rate`` reads "failed runs".
     """
     validate_claim(claim)
     kind = claim.get("kind", "superiority")
     claim = {**claim, "kind": kind}
     everything, records = list(records), _completed(records)
+    design = stages is not None
     where = claim.get("where") or {}
     cells: list[CellResult] = []
     notes: list[str] = []
     used: list[dict[str, Any]] = []
     improvement: list[float] = []
-    streams = np.random.SeedSequence(seed).spawn(max(1, len(_cells(where))) + 1)
+    streams = np.random.SeedSequence(seed).spawn(max(1, len(expand_cells(where))) + 1)
     if kind == "interaction":
-        diffs, gaps, notes, used, failed, failed_base = _interaction_gains(
-            claim, records, everything)
-        cell = _difference_cell(claim, diffs, math.nan, "difference of gaps")
-        cell.failed, cell.failed_baseline = failed, failed_base
-        cells.append(cell)
+        cell, gaps, notes, used = _interaction_cell(claim, records, everything, stages)
+        cells.append(_difference_cell(claim, cell, math.nan, design=design))
         improvement = [g for gap in gaps for g in gap.values()]  # A against B in each run
-        gap_text = "; ".join(f"gap at {v}: {t_interval(list(g.values())).format(3)}"
-                             for v, g in zip(claim["contrast"]["values"], gaps))
-        notes.insert(0, gap_text)
-    for cell_where, stream in zip(_cells(where), streams[1:]):
+        notes.insert(0, "; ".join(f"gap at {v}: {t_interval(list(g.values())).format(3)}"
+                                  for v, g in zip(claim["contrast"]["values"], gaps)))
+    for cell_where, stream in zip(expand_cells(where), streams[1:]):
         if kind == "interaction":
             break
-        label = _cell_label(cell_where, where)
+        label = cell_label(cell_where, where)
         if kind == "threshold":
-            runs = select(records, claim.get("method"), cell_where, _sweeps(claim))
-            values = {int(r["seed"]): v for r in runs
-                      if (v := _metric(r, claim["metric"])) is not None}
-            cells.append(_threshold_cell(claim, list(values.values()), label))
-            cells[-1].failed = _failed(claim, everything, claim.get("method"), cell_where,
-                                       values)
-            used += runs
+            claim_t = {**claim, "baseline": claim.get("method")}
+            mine, _, more = _sides(claim_t, records, everything, cell_where, label, stages,
+                                   claim["metric"])
+            seeds = sorted(mine.usable)
+            cell = _cell(label, [metric_value(mine.usable[s], claim["metric"]) for s in seeds],
+                         seeds, mine.failed, [], stages)
+            cells.append(_threshold_cell(claim, cell, design))
+            notes += more
+            used += list(mine.usable.values())
             continue
-        mine, base, missing = _pairs(claim, records, cell_where, label)
-        notes += missing
-        used += list(mine.values()) + list(base.values())
-        if claim.get("statistic") == "steps_saving":
-            cells.append(_steps_cell(claim, mine, base, label, stream))
-            improvement += cells[-1].values
+        steps = claim.get("statistic") == "steps_saving"
+        mine, base, more = _sides(claim, records, everything, cell_where, label, stages,
+                                  "" if steps else claim["metric"])
+        notes += more
+        used += list(mine.usable.values()) + list(base.usable.values())
+        if steps:
+            cells.append(_steps_cell(claim, mine, base, label, stages, stream, design))
         else:
-            gains = _gains(claim, mine, base)
-            base_mean = float(np.mean([_metric(base[s], claim["metric"]) for s in gains])) \
-                if gains else math.nan
-            cells.append(_difference_cell(claim, list(gains.values()), base_mean, label))
-            improvement += list(gains.values())
-        cells[-1].failed = _failed(claim, everything, claim["method"],
-                                   {**cell_where, **claim.get("method_where", {})}, mine)
-        cells[-1].failed_baseline = _failed(
-            claim, everything, claim["baseline"],
-            {**cell_where, **claim.get("baseline_where", {})}, base)
+            cell, base_mean = _gain_cell(claim, mine, base, label, stages)
+            cells.append(_difference_cell(claim, cell, base_mean, design=design))
+        improvement += cells[-1].values
         notes += cells[-1].notes
     edge = sorted({f"{r.get('method_name')} {_cell_text(r)}" for r in used
                    if (lookup(r, "tuning.at_grid_edge") is True)})
@@ -571,46 +434,85 @@ def evaluate_claim(claim: dict[str, Any], records: list[dict[str, Any]],
         notes.append(f"no runs yet: {', '.join(missing_cells)}")
     for c in cells:
         prefix = f"{c.label}: " if c.label else ""
-        if c.failed:
-            notes.append(f"{prefix}{claim.get('method')} failed on seed(s) "
-                         f"{', '.join(map(str, c.failed))} (the worst outcome: the claim "
-                         f"cannot be reproduced)")
-        if c.failed_baseline:
-            notes.append(f"{prefix}{claim.get('baseline')} failed on seed(s) "
-                         f"{', '.join(map(str, c.failed_baseline))}")
+        for side, seeds in ((claim.get("method"), c.failed),
+                            (claim.get("baseline"), c.failed_baseline)):
+            if seeds:
+                notes.append(f"{prefix}{side} failed on seed(s) {', '.join(map(str, seeds))} "
+                             "(no usable run; each test imputes its least favourable gain)")
         if c.exact and len(c.values) >= 2:
-            notes.append(f"{prefix}decided by the exact sign-flip test"
-                         + (" (no spread)" if no_spread(c.values) else ""))
+            notes.append(f"{prefix}decided by the studentised bootstrap")
     row = {**claim, "cells": [c.__dict__ for c in cells],
            "measured": _measured(cells, claim.get("digits", 3)) or "no runs",
            "edge": bool(edge), "p_improvement": probability_of_improvement(improvement)
-           if improvement else math.nan, "notes": notes, **_claim_p(cells)}
-    row["failed"] = any(c.failed for c in cells)
-    row["failed_baseline"] = any(c.failed_baseline for c in cells)
+           if improvement else math.nan, "notes": notes, "staged": design,
+           "design": _design_text(cells, design),
+           **_claim_p(cells), **_failures(claim, cells)}
+    notes += _paper_number_note(row, cells)
     return _with_verdict(row)
 
 
+def _failures(claim: dict[str, Any], cells: Sequence[CellResult]) -> dict[str, Any]:
+    """Return the claim's failure counts and rates with their Clopper-Pearson intervals, and
+    ``failed`` / ``failed_baseline``: a rate shown above ``max_failure_rate`` (its interval
+    wholly above it)."""
+    limit = float(claim.get("max_failure_rate", FAILURE_LIMIT))
+    n = sum(c.expected for c in cells)
+    out: dict[str, Any] = {"failure_limit": limit, "expected_seeds": n}
+    for key, count in (("failed", sum(len(c.failed) for c in cells)),
+                       ("failed_baseline", sum(len(c.failed_baseline) for c in cells))):
+        low, high = failure_interval(count, n) if n else (math.nan, math.nan)
+        out[f"{key}_count"], out[f"{key}_interval"] = count, (low, high)
+        out[key] = bool(count and low > limit)
+    return out
+
+
+def _paper_number_note(row: dict[str, Any], cells: Sequence[CellResult]) -> list[str]:
+    """Note a paper's number that the interval of a cell excludes (a claim can be reproduced
+    at its target and still rule out the number the paper printed)."""
+    if row.get("paper_effect") is None or row["kind"] not in ("superiority", "interaction"):
+        return []
+    claimed = float(row["paper_effect"])
+    out = []
+    for c in cells:
+        if math.isfinite(c.high) and c.high < claimed:
+            out.append(f"{c.label + ': ' if c.label else ''}the interval excludes the paper's "
+                       f"{claimed:g} (the gain is smaller than printed)")
+        elif math.isfinite(c.low) and c.low > claimed:
+            out.append(f"{c.label + ': ' if c.label else ''}the interval lies above the "
+                       f"paper's {claimed:g}")
+    return out
+
+
+def _design_text(cells: Sequence[CellResult], design: bool) -> str:
+    """Return the seeds of each stage (cells joined by " / "): "5 + 20" (pilot + follow-up)
+    in a design, "n" for one fixed look."""
+    if not cells:
+        return "—"
+    if not design:
+        return " / ".join(str(c.expected) for c in cells)
+    return " / ".join(f"{c.n_pilot} + {c.n_follow_up}" for c in cells)
+
+
 def _claim_p(cells: Sequence[CellResult]) -> dict[str, float]:
-    """Return the claim's p-values from its cells: the claim holds only if every cell does
-    (intersection-union: its p is the largest cell's), and fails if any cell does (a union:
-    the smallest cell p times the cells tested, Bonferroni)."""
-    tested = [c for c in cells if len(c.values) >= 2]
+    """Return the claim's p-values from its cells (``verdicts.cells_p``); NaN unless every
+    cell was tested for p_for, over the tested cells against."""
+    tested = [c for c in cells if math.isfinite(c.p_for) or math.isfinite(c.p_against)]
     if not tested:
         return {"p_for": math.nan, "p_against": math.nan, "p_smaller": math.nan}
-    k = len(tested)
-    return {"p_for": max(c.p_for for c in tested) if len(tested) == len(cells) else math.nan,
-            "p_against": min(1.0, k * min(c.p_against for c in tested)),
-            "p_smaller": min(1.0, k * min(c.p_smaller for c in tested))}
+    p_for, p_against, p_smaller = cells_p(*(np.array([getattr(c, k) for c in tested])
+                                            for k in ("p_for", "p_against", "p_smaller")))
+    return {"p_for": float(p_for) if len(tested) == len(cells) else math.nan,
+            "p_against": float(p_against), "p_smaller": float(p_smaller)}
 
 
 def _with_verdict(row: dict[str, Any], family: int = 1,
                   adjusted: tuple[float, float, float] | None = None) -> dict[str, Any]:
     """Return ``row`` with ``verdict``, ``p`` (the deciding test's), ``p_test``, ``p_holm`` and
-    ``seeds_needed`` for a paper family of ``family`` claims; ``adjusted``: the claim's Holm
-    p-values (for, against, claimed effect) within its family (alone: its own p-values)."""
+    ``seeds_needed`` for a paper family of ``family`` claims; ``adjusted``: the claim's
+    adjusted p-values (for, against, claimed effect) within its family (alone: its own)."""
     failed, failed_baseline = row.get("failed", False), row.get("failed_baseline", False)
-    p_for = 1.0 if failed or failed_baseline else row.get("p_for", math.nan)
-    p_against, p_smaller = row.get("p_against", math.nan), row.get("p_smaller", math.nan)
+    p_for, p_against, p_smaller = (row.get(k, math.nan)
+                                   for k in ("p_for", "p_against", "p_smaller"))
     holm_for, holm_against, holm_smaller = adjusted or (p_for, p_against, p_smaller)
     if not any(c["values"] for c in row.get("cells", [])):
         verdict = "not run"
@@ -623,37 +525,53 @@ def _with_verdict(row: dict[str, Any], family: int = 1,
     elif verdict == "smaller than claimed":
         test, p, p_holm = "claimed effect", p_smaller, holm_smaller
     else:
-        test, p, p_holm = "for", row.get("p_for", math.nan), holm_for
-    undecided = verdict == "underpowered"   # more seeds do not mend a failed run
+        test, p, p_holm = "for", p_for, holm_for
+    hint = seeds_hint(row, family) if verdict == "underpowered" else {}
     return {**row, "verdict": verdict, "p": p, "p_test": test, "p_holm": p_holm,
-            "seeds_needed": seeds_hint(row, family) if undecided else None}
+            "seeds_needed": hint.get("claimed"), "seeds_midway": hint.get("midway"),
+            "seeds_follow_up": hint.get("sized", hint.get("claimed")), "hint": hint.get("kind")}
 
 
-def seeds_hint(row: dict[str, Any], family: int = 1) -> int | str:
-    """Return the seeds at which the rule as implemented decides the claim with probability
-    POWER when the true effect is the claimed one (twice the target; for non-inferiority and
-    equivalence no difference; for a threshold the threshold plus its tolerance): the joint
-    noncentral-t power of every cell at the Holm level of a family of ``family`` claims
-    (alpha / family, its first step), each cell's standard deviation taken at its
-    SD_CONFIDENCE upper bound; never fewer than one more than already run. ">1000" when out
-    of reach, "—" when no cell has two values."""
-    cells = [c for c in row["cells"] if len(c["values"]) >= 2]
-    if len(cells) < len(row["cells"]) or not cells:
-        return "—"
-    alpha = ALPHA / 2 / max(1, family)
-    effect = abs(cells[0]["paper"] - cells[0]["target"]) if row["kind"] != "equivalence" \
+def seeds_hint(row: dict[str, Any], family: int = 1) -> dict[str, Any]:
+    """Return the seeds a cell needs to decide the claim with assurance POWER (power
+    averaged over each cell's standard deviation as the pilot knows it, ``design``), at the
+    claimed effect (twice the target; non-inferiority and equivalence: no difference;
+    threshold: its tolerance beyond it) and at the midway effect (half that distance), the
+    test for the claim at Holm's first level (alpha / family), every cell jointly.
+
+    ``kind`` "follow-up" (a design before its follow-up: the follow-up's seeds a cell, each
+    cell at its conditional level given the pilot), "fixed" (no design: the seeds of a fresh
+    fixed look, never fewer than one more than run), "spent" (the design's two looks are
+    done). A count is ">1000" out of reach, "—" when no cell has a spread to go on."""
+    cells = row["cells"]
+    design = bool(row.get("staged"))
+    if design and any(c["n_follow_up"] for c in cells):
+        return {"kind": "spent", "claimed": "—", "midway": "—"}
+    usable = [c for c in cells if math.isfinite(c["sd"])]
+    if len(usable) < len(cells) or not cells:
+        return {"kind": "fixed", "claimed": "—", "midway": "—"}
+    distance = abs(cells[0]["paper"] - cells[0]["target"]) if row["kind"] != "equivalence" \
         else abs(cells[0]["target"])
-    sds = [sd_upper_bound(c["sd"], len(c["values"])) for c in cells]
-    min_n = max(len(c["values"]) for c in cells) + 1
-    if any(c["exact"] for c in cells):
-        min_n = max(min_n, exact_min_n(alpha))
-    n = seeds_for_power(sds, effect, alpha, tost=row["kind"] == "equivalence", min_n=min_n)
-    return n if n is not None else ">1000"
-
-
-def _sweeps(claim: dict[str, Any]) -> list[str] | None:
-    sweeps = claim.get("sweep")
-    return [sweeps] if isinstance(sweeps, str) else sweeps
+    tost = row["kind"] == "equivalence"
+    sds = [c["sd"] for c in cells]
+    pilot = [max(2, c["n_pilot"] if design else len(c["values"])) for c in cells]
+    out: dict[str, Any] = {"kind": "follow-up" if design else "fixed"}
+    # the follow-up's size: at the claimed effect, or at the pilot's 97.5 % lower bound where
+    # that lies beyond it (any rule on the pilot's data keeps the combination test valid)
+    margins = [c.get("pilot_margin", math.nan) for c in cells]
+    shown = min(margins) if not tost and all(math.isfinite(m) for m in margins) else -math.inf
+    for name, effect in (("claimed", distance), ("midway", distance / 2),
+                         ("sized", max(distance, shown))):
+        if design:
+            n = follow_up_seeds(effect, sds, pilot, [c["q1_for"] for c in cells], family, tost)
+            if n is not None and any(c["exact"] for c in cells):
+                n = max(n, BOOTSTRAP_MIN_VALUES)
+        else:
+            least = [len(c["values"]) + 1 for c in cells]
+            least += [BOOTSTRAP_MIN_VALUES for c in cells if c["exact"]]
+            n = fixed_seeds(effect, sds, pilot, family, tost, min_n=max(least))
+        out[name] = n if n is not None else ">1000"
+    return out
 
 
 def _cell_text(record: dict[str, Any]) -> str:
@@ -667,8 +585,8 @@ def _measured(cells: Sequence[CellResult], digits: int) -> str:
         if not c.values:
             parts.append(f"{c.label}: no pairs".lstrip(": "))
             continue
-        if len(c.values) < 2:
-            text = f"{c.estimate:.{digits}f} (n=1)"
+        if not math.isfinite(c.low):
+            text = f"{c.estimate:.{digits}f} (n={len(c.values)})"
         else:
             text = (f"{c.estimate:.{digits}f} [{c.low:.{digits}f}, {c.high:.{digits}f}] "
                     f"(n={len(c.values)})")
@@ -677,12 +595,11 @@ def _measured(cells: Sequence[CellResult], digits: int) -> str:
 
 
 def adjust(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Return ``rows`` decided within each paper (diagnostics each on their own), Holm on
-    each side: reproduced when Holm over the paper's p_for rejects; smaller than claimed when
-    Holm over the paper's p_smaller rejects; contradicted when Holm over the paper's
-    p_against rejects too. Adds ``p_holm`` (of the deciding test) and ``q_bh``
-    (Benjamini-Hochberg of p_for over the table, diagnostics excluded); a verdict lost to
-    Holm is noted."""
+    """Return ``rows`` decided within each paper (diagnostics each on their own) by
+    ``verdicts.family_p``: Holm over the paper's p_for for "reproduced" (2.5 %), and one
+    closed family for "contradicted" and "smaller than claimed" (2.5 %). Adds ``p_holm`` (of
+    the deciding test) and ``q_bh`` (Benjamini-Hochberg of p_for over the table, diagnostics
+    excluded); a verdict lost to the adjustment is noted."""
     def family_of(r: dict[str, Any]) -> bool:
         return not r.get("diagnostic")
 
@@ -697,112 +614,20 @@ def adjust(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         r.setdefault("q_bh", math.nan)
     for paper in dict.fromkeys(r.get("paper") for r in rows):
         family = [i for i, r in enumerate(rows) if r.get("paper") == paper and family_of(r)]
-        adjusted = list(zip(*(holm([f(rows[i]) for i in family]) for f in (
+        if not family:
+            continue
+        adjusted = family_p(*(np.array([f(rows[i]) for i in family]) for f in (
             p_for, lambda r: r.get("p_against", math.nan),
-            lambda r: r.get("p_smaller", math.nan)))))
-        for i, holm_p in zip(family, adjusted):
+            lambda r: r.get("p_smaller", math.nan))))
+        for j, i in enumerate(family):
             before = rows[i].get("verdict")
-            out[i] = _with_verdict(out[i], len(family), tuple(_finite_or(p) for p in holm_p))
+            out[i] = _with_verdict(out[i], len(family),
+                                   tuple(float(a[0, j]) for a in adjusted))
             if before != out[i]["verdict"] and before not in ("not run", "failed runs"):
-                out[i]["notes"] = [*out[i]["notes"], f"{before} before Holm over the "
-                                   f"paper's {len(family)} claims (Holm p "
-                                   f"{_p(out[i]['p_holm'])})"]
+                out[i]["notes"] = [*out[i]["notes"], f"{before} before the adjustment over "
+                                   f"the paper's {len(family)} claims (adjusted p "
+                                   f"{format_p(out[i]['p_holm'])})"]
+    for i, r in enumerate(out):   # diagnostics: each its own family of one
+        if not family_of(r):
+            out[i] = _with_verdict(r)
     return out
-
-
-def _finite_or(value: float, default: float = math.nan) -> float:
-    return value if math.isfinite(value) else default
-
-
-def _number(value: Any, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "—"
-    if isinstance(value, str):
-        return value
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
-def _p(value: Any) -> str:
-    """A p-value to 4 decimals (0.0496 and 0.0504 stay apart), below 1e-4 as "<0.0001"."""
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        return "—"
-    return "<0.0001" if value < 1e-4 else f"{value:.4f}"
-
-
-def target_text(row: dict[str, Any]) -> str:
-    """Return what the verdict compares with: the target effect, margin or threshold, and the
-    claimed effect beyond it."""
-    cells = [c for c in row.get("cells", []) if math.isfinite(c["target"])]
-    targets = sorted({round(c["target"], 4) for c in cells})
-    if not targets:
-        return "—"
-    kind = row["kind"]
-    name = {"equivalence": "±", "non_inferiority": "> ", "threshold": "vs "}.get(kind, "> ")
-    text = name + " / ".join(f"{t:g}" for t in targets)
-    claimed = sorted({round(c["paper"], 4) for c in cells if math.isfinite(c["paper"])})
-    if kind in ("superiority", "interaction", "threshold") and claimed:
-        text += " (claimed " + " / ".join(f"{t:g}" for t in claimed) + ")"
-    return text
-
-
-def claims_markdown(rows: list[dict[str, Any]], figures: Sequence[str] = ()) -> str:
-    """Return the claims table (one claim a row) with its legend, counts and figure links."""
-    from dpbench.analysis.tables import markdown_text
-
-    head = ("| paper | claim | kind | paper's number | target | dpbench gain [95 % CI] (n) "
-            "| P(A>B) | p (test) | Holm p | BH q | verdict | seeds needed | notes | command |")
-    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
-    for row in rows:
-        verdict = row["verdict"] + (" †" if row.get("edge") else "")
-        p_text = _p(row.get("p")) + (f" ({row['p_test']})" if row.get("p_test")
-                                     and math.isfinite(row.get("p", math.nan)) else "")
-        cells = [row.get("paper", ""), row.get("claim", ""), row.get("kind", ""),
-                 row.get("paper_value", ""), target_text(row), row.get("measured", ""),
-                 _number(row.get("p_improvement"), 2), p_text,
-                 _p(row.get("p_holm")), _p(row.get("q_bh")), verdict,
-                 _number(row.get("seeds_needed")), "; ".join(row.get("notes", []))]
-        lines.append("| " + " | ".join(markdown_text(str(c)) for c in cells)
-                     + f" | `{row.get('command', '')}` |")
-    counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
-    text = "\n".join(lines) + "\n\n" + ", ".join(f"{n} {v}" for v, n in counts.items()) + "\n"
-    text += LEGEND
-    if figures:
-        text += "\nForest plots: " + ", ".join(f"[{Path(f).stem}]({f})" for f in figures) + "\n"
-    return text
-
-
-LEGEND = """
-Verdicts (each paper's claims are one family: a false "reproduced" and a false
-"contradicted" each at most 2.5 %, Holm within the paper; the forest plots use the same
-colours):
-- **reproduced**: the 95 % interval excludes every gain up to the target (for equivalence: it
-  lies inside the margin; non-inferiority: above minus the margin; threshold: on the claimed
-  side).
-- **smaller than claimed**: the interval excludes the paper's effect (or the declared smallest
-  effect of interest) but not the target; for non-inferiority: worse than the baseline, not
-  beyond the margin; equivalence: a difference is shown, not one beyond the margin;
-  threshold: at most marginally on the claimed side.
-- **contradicted**: the interval excludes the target and everything beyond it (equivalence:
-  it lies wholly outside the margin).
-- **underpowered**: the interval holds both the target and the claimed effect; more seeds
-  decide it (the seeds needed).
-- **failed runs**: a run of the claim failed; failures count as the worst outcome, so the
-  claim cannot be reproduced (a verdict against it on the other seeds stands).
-- **not run**: no runs yet.
-
-Gain: method minus baseline paired by seed, signed so that positive is in the claim's favour
-(baseline minus method for RMSE and ECE). Target: the share of the paper's effect (or of the
-declared effect) a superiority claim must exceed, with the claimed effect in brackets; the
-margin of an equivalence or non-inferiority claim; a threshold's value. P(A>B): the share of
-runs (seed and cell) on which the method wins. p (test): the p-value of the test that
-decided (for: the claim; claimed effect: H0 the gain reaches the claimed effect; against: H0
-the gain reaches the target), one-sided doubled (TOST for equivalence; an "at every" claim
-takes its largest cell p for, its smallest cell p against times the cells). Holm p: that
-test adjusted within the paper; BH q: Benjamini-Hochberg of the claims' p over the table
-(diagnostics excluded). Seeds needed: the seeds at which the rule decides the claim with
-80 % probability when the effect is the claimed one, every cell jointly, at the Holm level,
-from an 80 % upper bound on the spread. An exact sign-flip test replaces the t test for
-steps savings and samples without spread. † a learning rate was chosen at the edge of its
-grid in one of the claim's cells: the verdict is provisional. Rules: docs/tuning-and-claims.md,
-"Verdict rules".
-"""

@@ -1,30 +1,42 @@
-"""Operating characteristics of the claims' verdict rules, by Monte Carlo with known truth
+"""Operating characteristics of the claims' design, by Monte Carlo with known truth
 (docs/tuning-and-claims.md, "Operating characteristics").
 
-The rules of ``dpbench.analysis.claims`` vectorised over draws: each cell's values are
-normal with standard deviation 1, each claim's p-values are those ``claims._test`` computes
-(t tests, TOST for equivalence), combined over cells as ``claims._claim_p`` and decided
-within a paper family as ``claims.adjust`` (Holm on both sides). A test checks that these
+The whole procedure as ``dpbench-reproduce --until-decided`` runs it, vectorised over draws:
+a pilot of ``pilot`` seeds a cell; every cell's one-sided tests on it (``stats.one_sided_q``:
+t tests, the studentised bootstrap for steps savings), a failed seed imputed as
+``claims._stage_q`` does; the pilot's look (``design.design_p``) decided within the paper
+(``verdicts.cells_p``, ``verdicts.family_p``); each undecided claim's follow-up sized by
+``design.follow_up_seeds`` (the tool's hint), stopped for futility beyond ``budget`` seeds a
+cell; the follow-up's new seeds tested alone and combined with the pilot's; the combined look
+decided within the paper; a failure rate shown above ``FAILURE_LIMIT`` reads "failed runs".
+Gains have standard deviation 1 (the target at 0.5 and the claimed effect at 1; a margin of
+0.5), drawn ``normal``, ``right`` / ``left``-skewed (a standardised gamma of shape 2,
+skewness 1.41) or ``heavy``-tailed (Student t, 3 degrees of freedom), each seed failing with
+probability ``failure``. ``tests/analysis/test_claims_operating.py`` checks that these
 verdicts equal ``evaluate_claim`` + ``adjust`` on the same draws.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
 
-from dpbench.analysis.stats import (
-    ALPHA,
-    EXACT_MAX_N,
-    POWER,
-    exact_min_n,
-    sd_upper_bound,
-    seeds_for_power,
+from dpbench.analysis.claim_spec import FAILURE_LIMIT
+from dpbench.analysis.design import (
+    PILOT_SEEDS,
+    design_p,
+    fixed_seeds,
+    follow_up_seeds_many,
 )
+from dpbench.analysis.stats import ALPHA, BOOTSTRAP_DRAWS, one_sided_q
+from dpbench.analysis.verdicts import MIN_VALUES, cells_p, family_p
 
-CODES = ("reproduced", "smaller than claimed", "contradicted", "underpowered")
+CODES = ("reproduced", "smaller than claimed", "contradicted", "underpowered", "failed runs")
+#: the fewest values of a bootstrapped cell (``claims.BOOTSTRAP_MIN_VALUES``)
+BOOTSTRAP_MIN = 6
 
 
 @dataclass(frozen=True)
@@ -36,96 +48,257 @@ class Claim:
     cells: int = 1              # equivalence
     target: float = 0.5
     claimed: float = 1.0
-    exact: bool = False         # the sign-flip test (steps savings)
+    exact: bool = False         # the studentised bootstrap (steps savings)
 
 
-def _p(x: np.ndarray, null: float, alternative: str, exact: bool = False) -> np.ndarray:
-    """One-sample t test p-values over the last axis (draws x n); with ``exact`` the
-    sign-flip test, all 2^n flips (``stats.sign_flip_p``)."""
-    n = x.shape[-1]
-    if exact:
-        d = x - null
-        if n <= EXACT_MAX_N:
-            flips = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)
-        else:  # as sign_flip_p beyond EXACT_MAX_N: random flips (fewer here), the data's own
-            flips = np.vstack([np.ones(n), np.random.default_rng(n).choice([-1, 1], (999, n))])
-        means, observed = d @ flips.T / n, d.mean(-1, keepdims=True)
-        tol = 1e-12 * np.abs(d).max(-1, keepdims=True)
-        hits = means >= observed - tol if alternative == "greater" else means <= observed + tol
-        return hits.mean(-1)
-    t = (x.mean(-1) - null) / (x.std(-1, ddof=1) / np.sqrt(n))
-    return stats.t.sf(t, n - 1) if alternative == "greater" else stats.t.cdf(t, n - 1)
+def noise(dist: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Return mean-0, SD-1 draws: ``normal``, ``right`` / ``left`` (a standardised gamma of
+    shape 2, and its mirror), ``heavy`` (Student t with 3 degrees of freedom / sqrt(3))."""
+    if dist == "normal":
+        return rng.standard_normal(shape)
+    if dist in ("right", "left"):
+        g = (rng.gamma(2.0, 1.0, shape) - 2.0) / math.sqrt(2.0)
+        return g if dist == "right" else -g
+    if dist == "heavy":
+        return rng.standard_t(3, shape) / math.sqrt(3.0)
+    raise ValueError(f"unknown distribution {dist!r}")
 
 
-def cell_p(x: np.ndarray, claim: Claim) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Return (p_for, p_against, p_smaller) of each draw's cell, on the ALPHA scale."""
-    if claim.exact:
-        return (np.minimum(1, 2 * _p(x, claim.target, "greater", True)),
-                np.minimum(1, 2 * _p(x, claim.target, "less", True)),
-                np.minimum(1, 2 * _p(x, claim.claimed, "less", True)))
-    if claim.kind == "equivalence":
-        m = claim.target
-        return (np.minimum(1, 2 * np.maximum(_p(x, -m, "greater"), _p(x, m, "less"))),
-                np.minimum(1, 2 * np.minimum(_p(x, m, "greater"), _p(x, -m, "less"))),
-                np.minimum(1, 4 * np.minimum(_p(x, 0, "greater"), _p(x, 0, "less"))))
-    return (np.minimum(1, 2 * _p(x, claim.target, "greater")),
-            np.minimum(1, 2 * _p(x, claim.target, "less")),
-            np.minimum(1, 2 * _p(x, claim.claimed, "less")))
+def _impute(x: np.ndarray, failed: np.ndarray, alternative: str) -> np.ndarray:
+    """Each failed value replaced by its row's least favourable observed one (smallest for
+    ``greater``, largest for ``less``); a row with no observed value stays NaN."""
+    kept = np.where(failed, np.nan, x)
+    with np.errstate(all="ignore"):
+        fill = np.nanmin(kept, -1) if alternative == "greater" else np.nanmax(kept, -1)
+    return np.where(failed, fill[..., None], x)
 
 
-def claim_p(draws: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
-    """Combine the cells' p-values: the largest p_for, the smallest p against times k."""
-    k = len(draws)
-    p_for = np.max([d[0] for d in draws], axis=0)
-    return (p_for, np.minimum(1, k * np.min([d[1] for d in draws], axis=0)),
-            np.minimum(1, k * np.min([d[2] for d in draws], axis=0)))
-
-
-def holm_matrix(p: np.ndarray) -> np.ndarray:
-    """Return Holm-adjusted p-values, row by row (``stats.holm`` on each row)."""
-    m = p.shape[1]
-    order = np.argsort(p, axis=1, kind="stable")
-    ranked = np.take_along_axis(p, order, 1) * (m - np.arange(m))
-    adjusted = np.empty_like(p)
-    np.put_along_axis(adjusted, order, np.minimum(1, np.maximum.accumulate(ranked, axis=1)), 1)
-    return adjusted
-
-
-def family_verdicts(p_for: np.ndarray, p_against: np.ndarray,
-                    p_smaller: np.ndarray) -> np.ndarray:
-    """Return verdict codes (indices into CODES), draws x claims, decided as ``adjust``."""
-    holm_for, holm_against, holm_smaller = (holm_matrix(p) for p in (p_for, p_against,
-                                                                     p_smaller))
-    out = np.full(p_for.shape, 3)
-    against = holm_smaller <= ALPHA
-    out[against] = np.where(holm_against[against] <= ALPHA, 2, 1)
-    out[holm_for <= ALPHA] = 0
+def _q(x: np.ndarray, failed: np.ndarray, null: float, alternative: str, exact: bool,
+       rng: np.random.Generator) -> np.ndarray:
+    """One stage's one-sided p-values over rows (``claims._stage_q`` vectorised)."""
+    if x.shape[-1] < (BOOTSTRAP_MIN if exact else MIN_VALUES):
+        return np.full(x.shape[:-1], np.nan)
+    filled = _impute(x, failed, alternative)
+    out = np.full(x.shape[:-1], np.nan)
+    ok = ~np.isnan(filled).any(-1)
+    if ok.any():
+        out[ok] = one_sided_q(filled[ok], null, alternative, bootstrap=exact, rng=rng,
+                              draws=BOOTSTRAP_DRAWS)
     return out
 
 
-def simulate(family: list[Claim], effects: list[float], n: int, draws: int,
-             rng: np.random.Generator) -> np.ndarray:
-    """Return verdict codes (draws x claims) of ``family`` when every cell of claim i has
-    true mean ``effects[i]`` and n seeds."""
+def _tests(claim: Claim) -> list[tuple[float, str]]:
+    """The elementary one-sided tests of a claim's cell (null, alternative)."""
+    if claim.kind == "equivalence":
+        m = claim.target
+        return [(-m, "greater"), (m, "less"), (m, "greater"), (-m, "less"), (0.0, "greater"),
+                (0.0, "less")]
+    return [(claim.target, "greater"), (claim.target, "less"), (claim.claimed, "less")]
+
+
+def _sides(claim: Claim, q: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """A cell's (p_for, p_against, p_smaller) on the ALPHA scale (``claims._test``)."""
+    if claim.kind == "equivalence":
+        p_for = np.minimum(1, 2 * np.maximum(q[0], q[1]))
+        p_against = np.minimum(1, 2 * np.minimum(q[2], q[3]))
+        p_smaller = np.minimum(1, 4 * np.minimum(q[4], q[5]))
+    else:
+        p_for, p_against, p_smaller = (np.minimum(1, 2 * v) for v in q)
+    return p_for, p_against, np.fmin(p_smaller, p_against)
+
+
+@dataclass
+class Outcome:
+    """The simulated verdict codes (draws x claims) at the pilot's look and at the end, the
+    seeds a cell each claim used (failed ones included), and its follow-up's hint (0: none
+    sized, -1: out of reach)."""
+
+    pilot_codes: np.ndarray
+    codes: np.ndarray
+    seeds: np.ndarray
+    hints: np.ndarray
+
+
+def _stage(claim: Claim, effect: float, rows: int, n: int, dist: str, failure: float,
+           rng: np.random.Generator) -> tuple[list[list[np.ndarray]], np.ndarray, np.ndarray,
+                                              np.ndarray]:
+    """Draw one stage of a claim: per cell the elementary tests' q (rows), and per row the
+    failures, the cells' spreads of observed values and the cells' q of the test for the
+    claim."""
+    qs, failed, sds, q_for = [], np.zeros(rows), np.zeros((rows, claim.cells)), []
+    margins = np.zeros((rows, claim.cells))
+    for c in range(claim.cells):
+        x = effect + noise(dist, (rows, n), rng)
+        f = rng.random((rows, n)) < failure
+        qs.append([_q(x, f, null, alt, claim.exact, rng) for null, alt in _tests(claim)])
+        failed += f.sum(-1)
+        with np.errstate(all="ignore"):
+            kept = np.where(f, np.nan, x)
+            sds[:, c] = np.nanstd(kept, -1, ddof=1)
+            k = (~f).sum(-1)
+            margins[:, c] = (np.nanmean(kept, -1) - stats.t.ppf(0.975, k - 1) * sds[:, c]
+                             / np.sqrt(k)) - claim.target
+        q_for.append(qs[-1][0] if claim.kind != "equivalence" else np.full(rows, np.nan))
+    return qs, failed, sds, np.stack(q_for, -1), margins
+
+
+def _decide(family: list[Claim], q1: list, q2: list, failed: np.ndarray,
+            seeds: np.ndarray) -> np.ndarray:
+    """Verdict codes (draws x claims) of a look: each elementary test at ``design_p``, the
+    cells' sides, the claim's p (``cells_p``), the paper's family (``family_p``), a failure
+    rate shown above FAILURE_LIMIT ("failed runs": p_for 1, the verdict unless against)."""
     ps = []
-    for claim, effect in zip(family, effects):
-        cells = [cell_p(rng.normal(effect, 1.0, (draws, n)), claim) for _ in range(claim.cells)]
-        ps.append(claim_p(cells))
-    return family_verdicts(*(np.stack([p[j] for p in ps], axis=1) for j in range(3)))
+    for c, cells1, cells2 in zip(family, q1, q2):
+        sides = [_sides(c, [design_p(a, b) for a, b in zip(t1, t2)])
+                 for t1, t2 in zip(cells1, cells2)]
+        ps.append(cells_p(*(np.stack([s[k] for s in sides], -1) for k in range(3))))
+    p_for, p_against, p_smaller = (np.stack([p[k] for p in ps], -1) for k in range(3))
+    with np.errstate(all="ignore"):
+        low = np.where(failed > 0, stats.beta.ppf(0.025, failed, seeds - failed + 1), 0.0)
+    bad = low > FAILURE_LIMIT
+    p_for = np.where(bad, 1.0, p_for)
+    h_for, h_against, h_smaller = family_p(p_for, p_against, p_smaller)
+    codes = np.full(p_for.shape, 3)
+    against = h_smaller <= ALPHA
+    codes[against] = np.where(h_against[against] <= ALPHA, 2, 1)
+    codes[h_for <= ALPHA] = 0
+    codes[bad & (codes != 1) & (codes != 2)] = 4
+    return codes
 
 
-def hint(claim: Claim, sd: np.ndarray, n: int, family: int) -> np.ndarray:
-    """Return ``claims.seeds_hint`` for pilots of ``n`` seeds with cell spreads ``sd``
-    (pilots x cells); 1001 where out of reach."""
-    alpha = ALPHA / 2 / family
-    effect = claim.target if claim.kind == "equivalence" else claim.claimed - claim.target
-    min_n = max(n + 1, exact_min_n(alpha)) if claim.exact else n + 1
-    out = []
-    for row in np.atleast_2d(sd):
-        got = seeds_for_power([sd_upper_bound(float(s), n) for s in row], effect, alpha, POWER,
-                              tost=claim.kind == "equivalence", min_n=min_n)
-        out.append(got if got is not None else 1001)
-    return np.asarray(out)
+def hint_seeds(claim: Claim, family: int, pilot: int, sds: np.ndarray,
+               q_for: np.ndarray, margins: np.ndarray | None = None) -> np.ndarray:
+    """The follow-up's seeds a cell the tool sizes (``claims.seeds_hint``, "sized", before
+    the follow-up), per row of the pilot's spreads, q and lower-bound margins (rows x
+    cells); -1 out of reach."""
+    tost = claim.kind == "equivalence"
+    distance = abs(claim.target if tost else claim.claimed - claim.target)
+    if margins is None or tost:
+        return _hint_at(claim, np.full(len(sds), distance), family, pilot, sds, q_for)
+    with np.errstate(invalid="ignore"):
+        shown = np.where(np.isfinite(margins).all(-1), margins.min(-1), -np.inf)
+    return _hint_at(claim, np.maximum(distance, shown), family, pilot, sds, q_for)
+
+
+def _hint_at(claim: Claim, effects: np.ndarray, family: int, pilot: int, sds: np.ndarray,
+             q_for: np.ndarray) -> np.ndarray:
+    """The hint per row at per-row effects; at least BOOTSTRAP_MIN for a bootstrapped claim."""
+    n = follow_up_seeds_many(effects, sds, pilot, q_for, family, claim.kind == "equivalence")
+    return np.where((n > 0) & claim.exact, np.maximum(n, BOOTSTRAP_MIN), n)
+
+
+def simulate(family: list[Claim], effects: list[float], draws: int,
+             rng: np.random.Generator, *, dist: str = "normal", failure: float = 0.0,
+             pilot: int = PILOT_SEEDS, budget: int = 200) -> Outcome:
+    """Run the design on ``draws`` papers whose claim i has true effect ``effects[i]`` in
+    every cell; a follow-up beyond ``budget`` seeds a cell stops for futility."""
+    m = len(family)
+    stage1 = [_stage(c, e, draws, pilot, dist, failure, rng) for c, e in zip(family, effects)]
+    q1 = [s[0] for s in stage1]
+    q2 = [[[np.full(draws, np.nan) for _ in cell] for cell in s[0]] for s in stage1]
+    failed = np.stack([s[1] for s in stage1], -1)
+    seeds = np.stack([np.full(draws, pilot * c.cells) for c in family], -1).astype(float)
+    pilot_codes = _decide(family, q1, q2, failed, seeds)
+    hints = np.zeros((draws, m), dtype=int)
+    for i, (c, e) in enumerate(zip(family, effects)):
+        open_ = np.flatnonzero(pilot_codes[:, i] == 3)
+        if not len(open_):
+            continue
+        hints[open_, i] = hint_seeds(c, m, pilot, stage1[i][2][open_], stage1[i][3][open_],
+                                     stage1[i][4][open_])
+        for n2 in np.unique(hints[open_, i]):
+            if n2 <= 0 or n2 > budget:
+                continue
+            rows = open_[hints[open_, i] == n2]
+            qs, f2, _, _, _ = _stage(c, e, len(rows), int(n2), dist, failure, rng)
+            for cell, tests in enumerate(qs):
+                for t, q in enumerate(tests):
+                    q2[i][cell][t][rows] = q
+            failed[rows, i] += f2
+            seeds[rows, i] += n2 * c.cells
+    codes = _decide(family, q1, q2, failed, seeds)
+    per_cell = seeds / np.array([c.cells for c in family])
+    return Outcome(pilot_codes, codes, per_cell, hints)
+
+
+def wrong(claim: Claim, effect: float, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return (a wrong verdict for the claim, a wrong verdict against it) of each draw: a
+    false "reproduced" (the effect at or below the target; equivalence: at or beyond the
+    margin), and a false "contradicted" (at or beyond the target; within the margin) or
+    "smaller than claimed" (at or beyond the claimed effect; equivalence: no difference)."""
+    t, c = claim.target, claim.claimed
+    if claim.kind == "equivalence":
+        return ((codes == 0) & (abs(effect) >= t),
+                ((codes == 2) & (abs(effect) <= t)) | ((codes == 1) & (effect == 0)))
+    return ((codes == 0) & (effect <= t),
+            ((codes == 2) & (effect >= t)) | ((codes == 1) & (effect >= c)))
+
+
+def error_rates(family: list[Claim], effects: list[float], outcome: Outcome
+                ) -> dict[str, float]:
+    """Return the paper's P(a false reproduced), P(a false verdict against a claim), P(any
+    wrong verdict), P(every claim decided) and the mean seeds a cell."""
+    f, a = zip(*(wrong(c, e, outcome.codes[:, i]) for i, (c, e) in
+                 enumerate(zip(family, effects))))
+    f, a = np.stack(f, -1).any(-1), np.stack(a, -1).any(-1)
+    return {"false_for": float(f.mean()), "false_against": float(a.mean()),
+            "any_wrong": float((f | a).mean()),
+            "decided": float(np.isin(outcome.codes, (0, 1, 2)).all(-1).mean()),
+            "mean_seeds": float(outcome.seeds.mean())}
+
+
+def delivered_power(claim: Claim, effect: float, draws: int, rng: np.random.Generator,
+                    pilot: int = PILOT_SEEDS, dist: str = "normal") -> dict[str, float]:
+    """Return the power the hint delivers: a claim alone at true ``effect`` whose pilot is
+    undecided, followed up at the hint computed for that effect (its distance beyond the
+    target; the claimed or the midway effect); P(reproduced at the end) among those, the
+    median follow-up, and the same for a fresh fixed look at ``design.fixed_seeds``."""
+    distance = (effect - claim.target if claim.kind != "equivalence"
+                else claim.target - abs(effect))
+    stage1 = _stage(claim, effect, draws, pilot, dist, 0.0, rng)
+    q2 = [[np.full(draws, np.nan) for _ in cell] for cell in stage1[0]]
+    seeds = np.full((draws, 1), float(pilot * claim.cells))
+    codes1 = _decide([claim], [stage1[0]], [q2], np.zeros((draws, 1)), seeds)[:, 0]
+    open_ = np.flatnonzero(codes1 == 3)
+    tost = claim.kind == "equivalence"
+    with np.errstate(invalid="ignore"):
+        shown = stage1[4][open_].min(-1) if not tost else np.full(len(open_), -np.inf)
+    n2 = _hint_at(claim, np.maximum(abs(distance), np.nan_to_num(shown, nan=-np.inf)), 1,
+                  pilot, stage1[2][open_], stage1[3][open_])
+    ok = n2 > 0
+    reproduced = []
+    for n in np.unique(n2[ok]):
+        rows = open_[ok][n2[ok] == n]
+        qs, _, _, _, _ = _stage(claim, effect, len(rows), int(n), dist, 0.0, rng)
+        q1_rows = [[q[rows] for q in cell] for cell in stage1[0]]
+        codes = _decide([claim], [q1_rows], [qs], np.zeros((len(rows), 1)),
+                        np.full((len(rows), 1), 1.0))[:, 0]
+        reproduced += list(codes == 0)
+    fixed = np.array([fixed_seeds(abs(distance), list(sd), pilot,
+                                  tost=claim.kind == "equivalence") or -1
+                      for sd in stage1[2][open_]])
+    fixed_hit = []
+    for n in np.unique(fixed[fixed > 0]):
+        count = int(np.sum(fixed == n))
+        qs, _, _, _, _ = _stage(claim, effect, count, int(n), dist, 0.0, rng)
+        p = [[np.full(count, np.nan) for _ in cell] for cell in qs]
+        # a fixed look: its own q at the full alpha (design_p's share 1: q1 / 1)
+        codes = _decide_fixed(claim, qs)
+        fixed_hit += list(codes == 0)
+        del p
+    return {"follow_up": float(np.mean(reproduced)) if reproduced else math.nan,
+            "median_follow_up": float(np.median(n2[ok])) if ok.any() else math.nan,
+            "out_of_reach": float(np.mean(~ok)) if len(ok) else math.nan,
+            "fixed": float(np.mean(fixed_hit)) if fixed_hit else math.nan,
+            "median_fixed": float(np.median(fixed[fixed > 0])) if (fixed > 0).any()
+            else math.nan}
+
+
+def _decide_fixed(claim: Claim, qs: list[list[np.ndarray]]) -> np.ndarray:
+    """Verdict codes of a claim alone at one fixed look (full alpha)."""
+    sides = [_sides(claim, tests) for tests in qs]
+    p_for, _, _ = cells_p(*(np.stack([s[k] for s in sides], -1) for k in range(3)))
+    return np.where(p_for <= ALPHA, 0, 3)
 
 
 #: the papers' families as the specs declare them (diagnostics left out), in units of the
@@ -138,48 +311,71 @@ FAMILIES: dict[str, list[Claim]] = {
     "spectral denoising": [Claim(cells=2, exact=True)],
     "DP-aware AdaLN-Zero": [Claim(cells=3), Claim("equivalence", 1, 0.5, 0.0)],
 }
-#: one claim of each kind, for the power and convergence tables
+#: one claim of each kind, for the power tables
 KINDS: dict[str, Claim] = {
     "superiority": Claim(), "every cell (4)": Claim(cells=4),
     "non-inferiority": Claim("non_inferiority", 1, -0.5, 0.0),
     "equivalence": Claim("equivalence", 1, 0.5, 0.0),
-    "steps (exact)": Claim(cells=2, exact=True),
+    "steps (bootstrap)": Claim(cells=2, exact=True),
 }
 
 
-def false_rates(family: list[Claim], n: int, draws: int,
-                rng: np.random.Generator) -> tuple[float, float, float]:
-    """Return P(some claim falsely reproduced), P(some claim falsely contradicted) with every
-    claim's true effect at its target (the least favourable effect for both: reproduced is
-    false at or below it, contradicted at or above it; for equivalence the margin), and
-    P(some claim falsely smaller than claimed) with every effect at the claimed one."""
-    codes = simulate(family, [c.target for c in family], n, draws, rng)
-    claimed = simulate(family, [c.claimed for c in family], n, draws, rng)
-    return (float(np.mean((codes == 0).any(1))), float(np.mean((codes == 2).any(1))),
-            float(np.mean((claimed == 1).any(1))))
+def truths(family: list[Claim], which: str) -> list[float]:
+    """The least favourable true effects: ``target`` (every claim at its target: a false
+    "reproduced" and a false "contradicted" both possible; equivalence at its margin),
+    ``claimed`` (every claim at its claimed effect: a false "smaller than claimed";
+    equivalence at no difference), ``mixed`` (alternately)."""
+    at_target = [c.target for c in family]
+    at_claimed = [c.claimed for c in family]
+    if which == "target":
+        return at_target
+    if which == "claimed":
+        return at_claimed
+    return [t if i % 2 == 0 else c for i, (t, c) in enumerate(zip(at_target, at_claimed))]
 
 
-def decided_at_hint(claim: Claim, family: int, pilot_n: int, pilots: int,
-                    rng: np.random.Generator) -> tuple[float, float]:
-    """Return (P(decided), median hinted n): a pilot of ``pilot_n`` seeds at the claimed
-    effect (no difference for equivalence) gives a hint; a fresh run at the hinted n is
-    decided within a family of ``family`` claims whose others decide nothing (the claim at
-    Holm's first level)."""
-    effect = 0.0 if claim.kind == "equivalence" else claim.claimed
-    sd = np.stack([rng.normal(effect, 1.0, (pilots, pilot_n)).std(-1, ddof=1)
-                   for _ in range(claim.cells)], axis=1)
-    hints = hint(claim, sd, pilot_n, family)
-    decided: list[bool] = []
-    others = [Claim()] * (family - 1)
-    for n in np.unique(hints[hints <= 1000]):
-        count = int(np.sum(hints == n))
-        codes = simulate([claim, *others], [effect] + [0.75] * (family - 1), int(n), count, rng)
-        decided += list(codes[:, 0] != 3)
-    decided += [False] * int(np.sum(hints > 1000))
-    return float(np.mean(decided)), float(np.median(hints))
+DISTS = ("normal", "right", "left", "heavy")
 
 
-def underpowered(claim: Claim, effect: float, n: int, draws: int,
-                 rng: np.random.Generator) -> float:
-    """Return P(underpowered) of a claim alone with true effect ``effect`` and n seeds."""
-    return float(np.mean(simulate([claim], [effect], n, draws, rng)[:, 0] == 3))
+def report(draws: int = 4000, seed: int = 40, failure: float = 0.02,
+           families: dict[str, list[Claim]] | None = None,
+           exact_draws: int | None = None, power_draws: int | None = None,
+           power: bool = True) -> str:
+    """Return the operating characteristics as markdown: per paper family, truth and gain
+    distribution (each seed failing with probability ``failure``), P(false reproduced),
+    P(false against), P(any wrong verdict), P(every claim decided) within the budget and
+    the mean seeds a cell; then the hint's delivered power. ``exact_draws``: the draws of a
+    family with a bootstrapped claim (its resampling is the slow part)."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed))
+    families = families or FAMILIES
+    lines = ["| paper family (claims) | truth | gains | draws | P(false reproduced) | "
+             "P(false against) | P(any wrong) | P(all decided) | mean seeds a cell |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, family in families.items():
+        n = exact_draws if exact_draws and any(c.exact for c in family) else draws
+        for which in ("target", "mixed", "claimed"):
+            effects = truths(family, which)
+            for dist in DISTS:
+                rates = error_rates(family, effects, simulate(
+                    family, effects, n, rng, dist=dist, failure=failure))
+                lines.append(f"| {name} ({len(family)}) | {which} | {dist} | {n} | "
+                             f"{rates['false_for']:.4f} | {rates['false_against']:.4f} | "
+                             f"{rates['any_wrong']:.4f} | {rates['decided']:.3f} | "
+                             f"{rates['mean_seeds']:.1f} |")
+    if not power:
+        return "\n".join(lines) + "\n"
+    lines += ["", "| kind | effect the hint is for | delivered (follow-up) | median follow-up "
+              "| hint out of reach | delivered (fresh fixed look) | median fixed n |",
+              "|---|---|---|---|---|---|---|"]
+    for name, claim in KINDS.items():
+        if claim.exact:
+            continue
+        for label, effect in (("claimed", claim.claimed),
+                              ("midway", (claim.claimed + claim.target) / 2)):
+            if claim.kind == "equivalence":
+                effect = 0.0 if label == "claimed" else claim.target / 2
+            got = delivered_power(claim, effect, power_draws or draws, rng)
+            lines.append(f"| {name} | {label} | {got['follow_up']:.3f} | "
+                         f"{got['median_follow_up']:.0f} | {got['out_of_reach']:.3f} | "
+                         f"{got['fixed']:.3f} | {got['median_fixed']:.0f} |")
+    return "\n".join(lines) + "\n"

@@ -4,6 +4,7 @@
     dpbench-reproduce all --jobs 2               # every spec, two runs at a time
     dpbench-reproduce fiber --scale paper        # the paper's own scale (GPU)
     dpbench-reproduce all --claims-only          # rebuild claims.md from finished runs
+    dpbench-reproduce dp_ivon --until-decided --budget 200   # the two-stage design
 
 A spec is ``conf/reproduce/<paper>.yaml``: the preset of each scale, the sweeps (plain Hydra
 sweeps, or tuned per cell with ``dpbench-tune``), the table columns and the paper's claims
@@ -42,6 +43,7 @@ from dpbench.analysis.claims import (
 from dpbench.analysis.results import load_frame, load_records
 from dpbench.analysis.tables import cell_table, markdown_table
 from dpbench.logging.records import COMPLETED, FAILED
+from dpbench.runners import adaptive
 from dpbench.runners.stopping import PREEMPTED_EXIT_CODE, Stopped, run_child, stop_on_signals
 from dpbench.tune.choices import CHOICES_NAME
 from dpbench.utils.io import atomic_write_text, open_append
@@ -58,6 +60,8 @@ WALL_TIME_NAME = "wall_time.json"
 #: most seeds one sweep may run (``--seeds``, ``--claim-seeds``), and most jobs at a time
 MAX_SEEDS = 1000
 MAX_JOBS = 256
+MAX_BUDGET_RUNS = 100_000
+MAX_BUDGET_MINUTES = 60 * 24 * 30  # a month; inf and nan are refused too
 #: the keys a spec and each of its sweeps must have, and the optional ones (a key close to
 #: one of these but not one is a typo: refused, naming it)
 SPEC_KEYS = ({"paper", "short", "scales", "sweeps"}, {"seeds", "metrics", "claims", "plots"})
@@ -284,25 +288,31 @@ def paper_plots(spec: dict[str, Any], out: Path) -> None:
 
 def paper_claims(paper: str, spec: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     """Return the evaluated claims of ``paper`` over every finished run under ``out`` (failed
-    runs count: ``evaluate_claim``)."""
+    runs count: ``evaluate_claim``), in the stages of its recorded design (``design.json``;
+    none: one fixed look)."""
     records = load_records(out, status=(COMPLETED, FAILED)) if out.exists() else []
+    stages = adaptive.load_stages(out)
+    design = adaptive.load_design(out)
     rows = []
     for claim in spec.get("claims", []):
-        rows.append({**evaluate_claim(claim, records), "paper": spec["short"],
-                     "paper_key": paper,
+        row = evaluate_claim(claim, records, stages=stages)
+        row["notes"] = [*row["notes"], *adaptive.plan_notes(design, claim.get("id"))]
+        rows.append({**row, "paper": spec["short"], "paper_key": paper,
                      "command": f"make reproduce-{paper.replace('_', '-')}"})
     return rows
 
 
 def seeds_hint(rows: list[dict[str, Any]]) -> str:
     """Return the commands that would give each underpowered claim the seeds it needs."""
-    lines = [f"dpbench-reproduce {r['paper_key']} --claim-seeds {r['id']}={r['seeds_needed']}"
+    lines = [f"dpbench-reproduce {r['paper_key']} --claim-seeds {r['id']}="
+             f"{r['seeds_follow_up'] + (_pilot_n(r) if r.get('hint') == 'follow-up' else 0)}"
              for r in rows if r["verdict"] == "underpowered" and r.get("id")
-             and isinstance(r.get("seeds_needed"), int)]
+             and isinstance(r.get("seeds_follow_up"), int)]
     if not lines:
         return ""
-    return ("\n## Seeds that would decide the undecided claims (80 % power at the claimed "
-            "effect, Holm level, every cell jointly)\n\n```\n"
+    return ("\n## Seeds that would decide the undecided claims (80 % assurance at the claimed "
+            "effect, Holm level, every cell jointly; before a design's follow-up, the "
+            "follow-up's seeds added to the pilot's)\n\n```\n"
             + "\n".join(lines) + "\n```\n")
 
 
@@ -328,6 +338,10 @@ def read_wall_time(path: Path) -> dict[str, Any]:
         raise BadWallTime(f"{path}: finished={data['finished']!r} is not a time; move it away "
                           "(a run rewrites it)")
     return {"seconds": float(seconds), "jobs": jobs, "finished": data.get("finished", "?")}
+
+
+def _pilot_n(row: dict[str, Any]) -> int:
+    return max((c["n_pilot"] for c in row["cells"]), default=0)
 
 
 def recorded_wall_times(root: Path) -> dict[str, dict[str, Any]]:
@@ -356,6 +370,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data-root", default=os.environ.get("DPBENCH_DATA_ROOT"),
                    help="folder of offline data sets (default: $DPBENCH_DATA_ROOT)")
     p.add_argument("--claims-only", action="store_true", help="only rebuild tables and claims")
+    p.add_argument("--until-decided", action="store_true",
+                   help="run the two-stage design: a pilot, then a follow-up sized by the "
+                        "hints within the budget (docs/tuning-and-claims.md, 'The design')")
+    p.add_argument("--pilot", type=int, default=adaptive.PILOT_SEEDS,
+                   help="seeds a cell of the design's pilot (default %(default)s; --seeds "
+                        "names them instead)")
+    p.add_argument("--budget", type=int, default=None, metavar="RUNS",
+                   help="--until-decided: the runs of both stages together, per paper")
+    p.add_argument("--budget-minutes", type=float, default=None, metavar="MIN",
+                   help="--until-decided: the minutes of both stages, per paper (the "
+                        "follow-up at the pilot's pace)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
     args.papers = list(PAPERS) if args.papers == ["all"] else args.papers
@@ -363,6 +388,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.jobs = default_jobs(args.scale)
     if not 1 <= args.jobs <= MAX_JOBS:
         p.error(f"--jobs must be between 1 and {MAX_JOBS}, got {args.jobs}")
+    if not 3 <= args.pilot <= MAX_SEEDS:
+        p.error(f"--pilot must be between 3 and {MAX_SEEDS}, got {args.pilot}")
+    if args.budget is not None and not 1 <= args.budget <= MAX_BUDGET_RUNS:
+        p.error(f"--budget must be between 1 and {MAX_BUDGET_RUNS} runs, got {args.budget}")
+    if args.budget_minutes is not None and not 0 < args.budget_minutes <= MAX_BUDGET_MINUTES:
+        p.error(f"--budget-minutes must be in (0, {MAX_BUDGET_MINUTES}], got "
+                f"{args.budget_minutes}")
+    if (args.budget is not None or args.budget_minutes is not None) and not args.until_decided:
+        p.error("--budget and --budget-minutes go with --until-decided")
+    if args.until_decided and args.claim_seeds:
+        p.error("--until-decided sizes the follow-up itself: drop --claim-seeds")
     return args
 
 
@@ -384,6 +420,17 @@ def wall_time_markdown(timings: dict[str, dict[str, Any]]) -> str:
     total = sum(t["seconds"] for t in timings.values()) / 60
     return ("\n## Wall time of each paper's last run\n\n| paper | minutes | jobs at a time "
             f"| finished |\n|---|---|---|---|\n{rows}| all | {total:.1f} | | |\n")
+
+
+def declare_design(spec: dict[str, Any], args: argparse.Namespace, out: Path,
+                   jobs: list[dict]) -> None:
+    """Record the paper's design before a plain run: its seeds are the pilot (the first run
+    only), the seeds ``--claim-seeds`` adds are the follow-up (once; DesignError for a third
+    look)."""
+    pilot = [int(s) for s in str(args.seeds or spec.get("seeds", {}).get(
+        args.scale, "0,1,2")).split(",")]
+    seeds = {int(s) for j in jobs for s in adaptive.job_seeds(j)}
+    adaptive.declare(out, pilot, sorted(seeds - set(pilot)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -424,7 +471,16 @@ def _main(argv: list[str] | None = None) -> int:
             run_jobs(jobs[paper], dry_run=True)
             continue
         if not args.claims_only:
-            run_jobs(jobs[paper], dry_run=False, progress=progress, label=f"{paper}/")
+            try:
+                if args.until_decided:
+                    adaptive.until_decided(paper, spec, args, out, progress, adaptive.Runner(
+                        sweep_commands, job_runs, run_jobs, paper_claims))
+                else:
+                    declare_design(spec, args, out, jobs[paper])
+                    run_jobs(jobs[paper], dry_run=False, progress=progress, label=f"{paper}/")
+            except adaptive.DesignError as err:
+                print(f"dpbench-reproduce: error: {err}", file=sys.stderr)
+                return 2
             timings[paper] = time.perf_counter() - start
             # kept beside the runs, so a later --claims-only rebuild still shows it
             atomic_write_text(out / WALL_TIME_NAME, json.dumps(

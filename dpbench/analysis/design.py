@@ -1,0 +1,249 @@
+"""The claims' planned two-stage design (docs/tuning-and-claims.md, "The design").
+
+A paper's claims are decided in at most two looks, declared before the first:
+
+- **Stage 1, the pilot** (``PILOT_SEEDS`` seeds a cell by default): every elementary one-sided
+  test (a claim's cell, a null value, a direction) gives its p-value q1 on the pilot's seeds,
+  and may decide at the level ``PILOT_SHARE`` x alpha.
+- **Stage 2, the follow-up**, sized from the pilot by the hint (``follow_up_seeds``): only
+  the new seeds give q2, and the stages are combined by the inverse-normal combination test
+  (Bauer & Koehne 1994; Lehmacher & Wassmer 1999, eq. 2), with weights fixed in advance
+  (``STAGE1_WEIGHT``):
+
+      z = w1 Phi^-1(1 - q1) + w2 Phi^-1(1 - q2),   w1^2 + w2^2 = 1,   qc = 1 - Phi(z),
+
+  which is uniform under H0 whatever rule chose the follow-up's size from stage 1 (q2 is
+  independent of stage 1 given its size). It may decide at (1 - PILOT_SHARE) x alpha.
+
+The design's one-sided p-value is ``min(q1 / PILOT_SHARE, qc / (1 - PILOT_SHARE))``: by
+Bonferroni over the two looks, P(it is <= a) <= a under H0 at every level a, so it enters
+Holm within a paper like any p-value, and a pilot that decided stands (the minimum only falls).
+Futility stopping is non-binding: a claim whose follow-up is out of reach is not followed up,
+which cannot raise an error rate.
+
+The hint is an assurance (O'Hagan, Stevens & Campbell 2005): the power of the follow-up's
+test averaged over what the pilot says about each cell's standard deviation (sigma^2 ~
+(n - 1) s^2 / chi^2_{n - 1}, the posterior under the reference prior), rather than the power
+at one upper bound on it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from dpbench.analysis.stats import ALPHA, POWER
+
+#: the seeds a cell gets in the pilot (stage 1) of ``dpbench-reproduce --until-decided``
+PILOT_SEEDS = 5
+#: the inverse-normal weight of stage 1, fixed before any look (w1^2 = 0.1: a pilot of 5
+#: seeds against a follow-up of about 45, the hints' typical size; a mismatch costs little
+#: power, and a small pilot weight keeps a 5-seed t statistic's skewed tail out of the
+#: combined test: measured in docs/tuning-and-claims.md, "Operating characteristics")
+STAGE1_WEIGHT = math.sqrt(0.1)
+#: the share of each one-sided test's alpha the pilot may spend (the rest is the follow-up's):
+#: O'Brien-Fleming-type spending (Lan & DeMets 1983, alpha_1 = 2 - 2 Phi(z_{1 - alpha/2} /
+#: sqrt(t1))) at the information fraction t1 = w1^2 and alpha = 2.5 %: about 5e-11, so in
+#: effect a pilot of 5 seeds decides nothing (a t test's far tail is least trustworthy there
+#: under skew) and sizes the follow-up
+PILOT_SHARE = float(2 * stats.norm.sf(stats.norm.isf(ALPHA / 4) / STAGE1_WEIGHT)) / (ALPHA / 2)
+#: the most seeds a cell's follow-up is ever sized to
+MAX_FOLLOW_UP = 1000
+#: the quadrature points over the standard deviation's posterior
+QUADRATURE = 24
+
+
+@dataclass(frozen=True)
+class Stages:
+    """The seeds of each stage: ``pilot`` (stage 1) and ``follow_up`` (stage 2, empty before
+    it is launched). ``None`` as a claim's design means one fixed look at the full alpha."""
+
+    pilot: tuple[int, ...]
+    follow_up: tuple[int, ...] = ()
+
+    def stage_of(self, seed: int) -> int | None:
+        """Return 1 or 2, or None for a seed outside the design."""
+        if seed in self.pilot:
+            return 1
+        return 2 if seed in self.follow_up else None
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return tuple(self.pilot) + tuple(self.follow_up)
+
+
+def combine(q1: np.ndarray | float, q2: np.ndarray | float,
+            w1: float = STAGE1_WEIGHT) -> np.ndarray:
+    """Return the inverse-normal combination of two independent one-sided p-values (NaN
+    where either is NaN)."""
+    w2 = math.sqrt(1 - w1 ** 2)
+    q1, q2 = (np.clip(np.asarray(q, dtype=float), 1e-300, 1.0) for q in (q1, q2))
+    return stats.norm.sf(w1 * stats.norm.isf(q1) + w2 * stats.norm.isf(q2))
+
+
+def design_p(q1: np.ndarray | float, q2: np.ndarray | float | None = None,
+             share: float = PILOT_SHARE, w1: float = STAGE1_WEIGHT) -> np.ndarray:
+    """Return the design's one-sided p-value: min(q1 / share, qc / (1 - share)), qc the
+    combination with stage 2 (absent or NaN: the pilot's look alone). A pilot too small for
+    its test (NaN: fewer values than the test needs, fixed by the design's pilot size, not by
+    the data) weighs nothing: qc is stage 2's own p."""
+    q1 = np.asarray(q1, dtype=float)
+    out = np.minimum(1.0, q1 / share)
+    if q2 is None:
+        return out
+    q2 = np.asarray(q2, dtype=float)
+    qc = np.where(np.isnan(q1), q2, combine(q1, q2, w1)) / (1 - share)
+    return np.fmin(out, np.minimum(1.0, qc))
+
+
+def t_test_power(effect: float | np.ndarray, sigma: np.ndarray, n: np.ndarray,
+                 level: np.ndarray | float, tost: bool = False) -> np.ndarray:
+    """Return the power of the one-sided t test at one-sided ``level`` on ``n`` values when
+    the true mean lies ``effect`` beyond the null (noncentral t, broadcast over the
+    arguments); with ``tost`` the TOST bound 1 - 2 P(one side misses)."""
+    n = np.asarray(n, dtype=float)
+    crit = stats.t.isf(np.clip(level, 1e-300, 1 - 1e-16), n - 1)
+    power = stats.nct.sf(crit, n - 1, np.asarray(effect) * np.sqrt(n) / sigma)
+    return np.clip(1 - 2 * (1 - power), 0, 1) if tost else power
+
+
+def assurance(effect: float, sds: Sequence[float], pilot_n: Sequence[int] | int,
+              n: np.ndarray | int, level: Sequence[float] | float,
+              tost: bool = False) -> np.ndarray:
+    """Return the assurance of every cell's test at once: the product over the cells of each
+    cell's power averaged over its standard deviation's posterior, with ``n`` values a cell
+    at one-sided ``level`` (one per cell, or one for all)."""
+    sds = np.asarray(sds, dtype=float)[None]
+    levels = np.broadcast_to(np.asarray(level, dtype=float), (sds.shape[1],))[None]
+    n = np.asarray(n)
+    out = _assurance_many(effect, sds, _pilot(pilot_n, sds.shape[1]),
+                          n.reshape(-1, 1) if n.ndim else np.array([[int(n)]]), levels, tost)
+    return out.reshape(n.shape) if n.ndim else out.reshape(())
+
+
+def _pilot(pilot_n: Sequence[int] | int, cells: int) -> np.ndarray:
+    return np.broadcast_to(np.asarray(pilot_n, dtype=int), (cells,))
+
+
+def _assurance_many(effect: float | np.ndarray, sds: np.ndarray, pilot: np.ndarray,
+                    n: np.ndarray, levels: np.ndarray, tost: bool) -> np.ndarray:
+    """Assurance for each row of ``sds`` / ``levels`` (rows x cells, or one row against every
+    n) at ``n`` (rows x 1)."""
+    joint = np.ones(n.shape[0])
+    effect = np.asarray(effect, dtype=float).reshape(-1, 1) if np.ndim(effect) else effect
+    for c in range(sds.shape[1]):
+        sd = sds[:, c]
+        u = (np.arange(QUADRATURE) + 0.5) / QUADRATURE
+        scale = np.sqrt((pilot[c] - 1) / stats.chi2.ppf(u, pilot[c] - 1))   # K
+        sigma = sd[:, None] * scale[None]                                     # rows x K
+        flat = ~(sd > 1e-12 * np.abs(effect).reshape(-1))   # no spread seen: no limit on n
+        sigma = np.where(flat[:, None], 1.0, sigma)
+        power = t_test_power(effect, sigma, n, levels[:, c:c + 1], tost).mean(-1)
+        joint = joint * np.where(np.broadcast_to(flat, power.shape), 1.0, power)
+    return joint
+
+
+def seeds_for_assurance_many(effect: float | np.ndarray, sds: np.ndarray,
+                             pilot_n: Sequence[int] | int,
+                             levels: np.ndarray, power: float = POWER, tost: bool = False,
+                             min_n: int = 2, max_n: int = MAX_FOLLOW_UP) -> np.ndarray:
+    """Return for each row of ``sds`` and ``levels`` (rows x cells) the smallest n in [min_n,
+    max_n] whose assurance reaches ``power``, -1 beyond ``max_n`` (a bisection over all rows
+    at once: the assurance grows with n)."""
+    sds = np.atleast_2d(np.asarray(sds, dtype=float))
+    levels = np.broadcast_to(np.asarray(levels, dtype=float), sds.shape)
+    pilot = _pilot(pilot_n, sds.shape[1])
+    rows = len(sds)
+    effect = np.broadcast_to(np.asarray(effect, dtype=float), (rows,))
+    valid = np.isfinite(effect) & (effect > 0)
+    if not valid.any():
+        return np.full(rows, -1)
+    finite = np.isfinite(sds).all(-1) & np.isfinite(levels).all(-1) & valid
+    effect = np.where(valid, effect, 1.0)
+    safe_sds, safe_levels = np.where(np.isfinite(sds), sds, 1.0), np.where(
+        np.isfinite(levels), levels, 0.5)
+
+    def reaches(n: np.ndarray) -> np.ndarray:
+        return _assurance_many(effect, safe_sds, pilot, n[:, None].astype(float),
+                               safe_levels, tost) >= power
+
+    lo = np.full(rows, max(2, min_n))
+    hi = np.full(rows, max_n)
+    out = np.where(reaches(hi), hi, -1)
+    out = np.where(reaches(lo), lo, out)
+    open_ = (out == max_n) & (lo < max_n)
+    while open_.any():
+        mid = (lo + hi) // 2
+        ok = reaches(mid)
+        hi = np.where(open_ & ok, mid, hi)
+        lo = np.where(open_ & ~ok, mid, lo)
+        open_ = open_ & (hi - lo > 1)
+    out = np.where((out == max_n) & (lo < max_n), hi, out)
+    return np.where(finite, out, -1)
+
+
+def seeds_for_assurance(effect: float, sds: Sequence[float], pilot_n: Sequence[int] | int,
+                        level: Sequence[float] | float, power: float = POWER,
+                        tost: bool = False, min_n: int = 2,
+                        max_n: int = MAX_FOLLOW_UP) -> int | None:
+    """Return the smallest n in [min_n, max_n] whose assurance reaches ``power``, None beyond
+    ``max_n`` (``seeds_for_assurance_many`` on one row)."""
+    n = int(seeds_for_assurance_many(effect, np.asarray([sds], dtype=float), pilot_n,
+                                     np.asarray(level, dtype=float), power, tost, min_n,
+                                     max_n)[0])
+    return n if n > 0 else None
+
+
+def conditional_level(q1: np.ndarray | float, level: float, share: float = PILOT_SHARE,
+                      w1: float = STAGE1_WEIGHT) -> np.ndarray:
+    """Return the one-sided level stage 2's own p-value must reach for the combination to
+    reject at the follow-up's share of ``level`` given the pilot's q1 (Proschan & Hunsberger
+    1995: the conditional error); a missing q1 (NaN): the follow-up's share itself."""
+    w2 = math.sqrt(1 - w1 ** 2)
+    q1 = np.asarray(q1, dtype=float)
+    z1 = stats.norm.isf(np.clip(q1, 1e-300, 1.0))
+    need = (float(stats.norm.isf((1 - share) * level)) - w1 * z1) / w2
+    return np.where(np.isnan(q1), (1 - share) * level, stats.norm.sf(need))
+
+
+def follow_up_seeds_many(effect: float | np.ndarray, sds: np.ndarray, pilot_n: Sequence[int] | int,
+                         q1: np.ndarray, family: int = 1, tost: bool = False,
+                         power: float = POWER, max_n: int = MAX_FOLLOW_UP) -> np.ndarray:
+    """Return for each row (rows x cells) the follow-up's seeds a cell at which the claim's
+    test for it rejects with assurance ``power`` when the true effect lies ``effect`` beyond
+    its null: each cell's stage 2 at its conditional level given the pilot's one-sided
+    ``q1`` (Holm's first level, alpha / family); -1 out of reach."""
+    level = ALPHA / 2 / max(1, family)
+    return seeds_for_assurance_many(effect, sds, pilot_n, conditional_level(q1, level),
+                                    power, tost, 3, max_n)
+
+
+def follow_up_seeds(effect: float, sds: Sequence[float], pilot_n: Sequence[int] | int,
+                    q1: Sequence[float], family: int = 1, tost: bool = False,
+                    power: float = POWER, max_n: int = MAX_FOLLOW_UP) -> int | None:
+    """``follow_up_seeds_many`` for one claim; None out of reach."""
+    n = int(follow_up_seeds_many(effect, np.asarray([sds], dtype=float), pilot_n,
+                                 np.asarray([q1], dtype=float), family, tost, power,
+                                 max_n)[0])
+    return n if n > 0 else None
+
+
+def fixed_seeds(effect: float, sds: Sequence[float], pilot_n: Sequence[int] | int,
+                family: int = 1, tost: bool = False, power: float = POWER,
+                min_n: int = 2, max_n: int = MAX_FOLLOW_UP) -> int | None:
+    """Return the seeds a cell of a fresh fixed design (one look at the full alpha, Holm's
+    first level) needs for assurance ``power`` from a pilot's spreads."""
+    return seeds_for_assurance(effect, sds, pilot_n, ALPHA / 2 / max(1, family), power, tost,
+                               min_n, max_n)
+
+
+def failure_interval(failed: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Return the Clopper-Pearson interval of a failure rate (``scipy.stats.binomtest``)."""
+    if n <= 0:
+        return math.nan, math.nan
+    ci = stats.binomtest(failed, n).proportion_ci(confidence, method="exact")
+    return float(ci.low), float(ci.high)
