@@ -14,7 +14,9 @@ inclusion of r of them (abstaining on the rest) and gets v right.
   Gaussian noise); their guessing-game recursion bounds the probability of v correct guesses
   under f directly, which is tighter than going through one (epsilon, delta) pair. The bound
   is therefore about mechanisms with a Gaussian-shaped trade-off curve (what the accountant
-  of a Gaussian mechanism assumes), not about every (epsilon, delta)-DP mechanism.
+  of a Gaussian mechanism assumes), not about every (epsilon, delta)-DP mechanism. Its null
+  is also rejected where SNJ's test rejects (epsilon, delta)-DP, so on the same guesses it is
+  never below ``epsilon_lower_bound`` (why this keeps the level: its docstring).
 
 The ``*_power`` functions give each bound's ceiling: its value when every guess is right,
 the highest epsilon_lower any attack can reach with m canaries and r guesses.

@@ -157,3 +157,20 @@ def test_text_classification_refuses_a_cached_prefix_before_training(tmp_path, m
     err = capfd.readouterr().err
     assert code == 2 and "trainer.cache_frozen_prefix" in err and "trained" not in err
     assert not run_dir.exists()
+
+
+def test_time_series_imputation_is_refused_before_training(tmp_path, monkeypatch, capfd):
+    """A task without class probabilities (the ETTh1 diffusion imputer) is refused."""
+    from tests.helpers.synthetic import write_ett
+
+    write_ett(tmp_path / "data")
+    run_dir = tmp_path / "ett"
+    code = run_cli(hydra_main, ["method=dpsgd", "privacy=eps1", "dataset=etth1",
+                                f"paths.data_root={tmp_path / 'data'}", "dataset.window=8",
+                                "dataset.max_train_windows=256", "dataset.max_test_windows=64",
+                                "model=dit", "model.hidden=8", "model.depth=1",
+                                "mia.pool_size=100", "mia.population_size=40",
+                                f"hydra.run.dir={run_dir}"], monkeypatch)
+    err = capfd.readouterr().err
+    assert code == 2 and "'ts_diffusion' task" in err and "trained" not in err
+    assert not run_dir.exists()
