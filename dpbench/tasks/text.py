@@ -24,9 +24,11 @@ class TextClassification(Task):
         return F.cross_entropy(logits, y, reduction="none")
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, loader: Any, device: torch.device,
-                 predict: Any = None) -> dict[str, Any]:
-        """Return accuracy, per-class accuracy and mean NLL on the dev set."""
+    def collect_predictions(self, model: nn.Module, loader: Any, device: torch.device,
+                            predict: Any = None) -> tuple[torch.Tensor, torch.Tensor, list]:
+        """Return (log-probs, labels, []) over ``loader`` on CPU; ``predict`` maps
+        (input_ids, attention_mask) to logits (the classification task's interface, which
+        the membership-inference scorer reads)."""
         was_training = model.training
         model.eval()
         log_probs, labels = [], []
@@ -37,5 +39,10 @@ class TextClassification(Task):
             log_probs.append(F.log_softmax(logits.float(), dim=-1).cpu())
             labels.append(y.cpu())
         model.train(was_training)
-        lp, y = torch.cat(log_probs), torch.cat(labels)
+        return torch.cat(log_probs), torch.cat(labels), []
+
+    def evaluate(self, model: nn.Module, loader: Any, device: torch.device,
+                 predict: Any = None) -> dict[str, Any]:
+        """Return accuracy, per-class accuracy and mean NLL on the dev set."""
+        lp, y, _ = self.collect_predictions(model, loader, device, predict)
         return classification_metrics(lp, y, num_classes=lp.shape[1])

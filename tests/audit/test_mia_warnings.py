@@ -111,3 +111,66 @@ def test_lira_augment_is_refused_for_tabular_inputs_before_training(tmp_path, mo
     err = capfd.readouterr().err
     assert code == 2 and "mia.lira_augment" in err and "trained" not in err
     assert not run_dir.exists()
+
+
+
+#: a tiny offline SST-2 cell of the packaged MiniLM with LoRA (after ``paths.data_root``)
+TEXT_CELL = ("method=dpsgd", "privacy=eps1", "dataset=sst2", "model=minilm_lora",
+             "dataset.train_size=80", "dataset.test_size=40", "dataset.max_length=12",
+             "mia.pool_size=80", "mia.population_size=40")
+
+
+def _synthetic_sst2(tmp_path: Path, monkeypatch) -> str:
+    """Write the GLUE-layout SST-2 copy; return its ``paths.data_root`` override."""
+    from tests.helpers.synthetic import write_sst2
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    write_sst2(tmp_path / "data", n_train=120, n_dev=40)
+    return f"paths.data_root={tmp_path / 'data'}"
+
+
+def test_text_classification_is_attacked(tmp_path, monkeypatch):
+    """dataset=sst2 with the packaged MiniLM and LoRA, offline, on a synthetic copy of the
+    GLUE files: scores on raw sentences (the frozen-prefix cache of ``auto`` stays off)."""
+    run_dir = tmp_path / "sst2"
+    code = run_cli(hydra_main, [*TEXT_CELL, _synthetic_sst2(tmp_path, monkeypatch),
+                                "mia.references=2", "mia.bootstrap=20", "trainer.epochs=1",
+                                "trainer.batch_size=16", f"hydra.run.dir={run_dir}"],
+                   monkeypatch)
+    assert code == 0
+    record = json.loads((run_dir / "results.json").read_text())
+    assert record["dataset"] == "sst2" and record["kind"] == "mia"
+    assert 0 <= record["mia_auc"] <= 1 and record["mia_epsilon_ceiling"] > 0
+    with np.load(run_dir / "scores.npz") as saved:
+        assert saved["log_p_pool"].shape == (3, 80)
+        assert saved["log_p_population"].shape == (3, 40)
+        assert np.all(saved["log_p_pool"] <= 0) and np.isfinite(saved["log_p_pool"]).all()
+        assert saved["members"].shape == (3, 80) and (saved["members"].sum(axis=1) > 0).all()
+
+
+def test_text_classification_refuses_a_cached_prefix_before_training(tmp_path, monkeypatch,
+                                                                     capfd):
+    run_dir = tmp_path / "sst2"
+    code = run_cli(hydra_main, [*TEXT_CELL, _synthetic_sst2(tmp_path, monkeypatch),
+                                "trainer.cache_frozen_prefix=on", f"hydra.run.dir={run_dir}"],
+                   monkeypatch)
+    err = capfd.readouterr().err
+    assert code == 2 and "trainer.cache_frozen_prefix" in err and "trained" not in err
+    assert not run_dir.exists()
+
+
+def test_time_series_imputation_is_refused_before_training(tmp_path, monkeypatch, capfd):
+    """A task without class probabilities (the ETTh1 diffusion imputer) is refused."""
+    from tests.helpers.synthetic import write_ett
+
+    write_ett(tmp_path / "data")
+    run_dir = tmp_path / "ett"
+    code = run_cli(hydra_main, ["method=dpsgd", "privacy=eps1", "dataset=etth1",
+                                f"paths.data_root={tmp_path / 'data'}", "dataset.window=8",
+                                "dataset.max_train_windows=256", "dataset.max_test_windows=64",
+                                "model=dit", "model.hidden=8", "model.depth=1",
+                                "mia.pool_size=100", "mia.population_size=40",
+                                f"hydra.run.dir={run_dir}"], monkeypatch)
+    err = capfd.readouterr().err
+    assert code == 2 and "'ts_diffusion' task" in err and "trained" not in err
+    assert not run_dir.exists()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -26,9 +26,10 @@ from dpbench.errors import ConfigError
 from dpbench.spec import RunSpec
 from dpbench.training.loop import Trainer
 
-#: tasks whose models give per-example class log-probabilities on (x, y, ...) batches; fair
-#: classification's test batches carry the group as a third tensor, which scoring ignores
-ATTACKABLE_TASKS = ("classification", "fair_classification")
+#: tasks whose ``collect_predictions`` gives per-example class log-probabilities: fair
+#: classification's test batches carry the group as a third tensor, which scoring ignores;
+#: text classification's are (input_ids, attention_mask, label)
+ATTACKABLE_TASKS = ("classification", "fair_classification", "text_classification")
 
 
 @dataclass
@@ -92,6 +93,8 @@ class _OnHalf:
             tasks = ", ".join(ATTACKABLE_TASKS)
             raise ConfigError(f"dpbench-mia attacks classification models ({tasks}; dataset "
                               f"{data.name!r} is a {data.task!r} task)")
+        if data.task == "text_classification":
+            kwargs["trainer"] = _raw_sentences(kwargs["trainer"])
         self.data = TaskData(name=data.name, task=data.task, train=self.train, test=data.test,
                              num_classes=data.num_classes, input_shape=data.input_shape,
                              class_names=data.class_names, notes=list(data.notes),
@@ -101,6 +104,16 @@ class _OnHalf:
             raise ConfigError("dpbench-mia reads raw inputs: set trainer.cache_frozen_prefix="
                               "off")
         return trainer
+
+
+def _raw_sentences(trainer: Any) -> Any:
+    """Return the trainer settings of a text model the attack can score: the pool and the
+    population are read as token ids, so the frozen prefix is not cached (``auto`` resolves
+    to off: the same function, computed per step); ``on`` is refused before training."""
+    if trainer.cache_frozen_prefix == "on":
+        raise ConfigError("dpbench-mia scores raw sentences: set trainer.cache_frozen_prefix="
+                          "auto or off")
+    return replace(trainer, cache_frozen_prefix="off")
 
 
 def pool_and_population(data: TaskData, settings: MIASettings) -> tuple[Dataset, Dataset]:
