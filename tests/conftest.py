@@ -23,6 +23,7 @@ except ImportError:  # the dev extra is absent
 import torch
 
 from dpbench.config.entry import prepare_hydra
+from dpbench.utils.mac import thaw_key
 
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:  # pytest-xdist: the workers share the cores, one torch pool each
@@ -92,10 +93,12 @@ def _process_state_restored():
     """Leave the process as the test found it, whatever order or worker runs the next one.
 
     Code under test may set environment variables (e.g. ``HF_HUB_OFFLINE``) or torch's thread
-    count (a sweep job's share of the cores); a later test must not inherit them.
+    count (a sweep job's share of the cores), or freeze the MAC key (an in-process console
+    script's start); a later test must not inherit them.
     """
     environ, threads, cwd = dict(os.environ), torch.get_num_threads(), os.getcwd()
     yield
+    thaw_key()
     if dict(os.environ) != environ:
         os.environ.clear()
         os.environ.update(environ)

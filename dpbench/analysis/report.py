@@ -177,11 +177,13 @@ def build_report(root: str | Path, metric: str = "accuracy",
     if not duplicates.empty:
         markdown += ("\n\nDuplicate runs (the same cell and seed as a run above; not counted):\n"
                      + "\n".join(f"- {markdown_text(r.run_dir)}" for r in duplicates.itertuples()))
-    if "underived" in readable and (readable["underived"] == True).any():  # noqa: E712
+    # a failed run is listed once, with its error, below
+    underived = (readable[(readable["underived"] == True) & (readable["status"] != FAILED)]  # noqa: E712
+                 if "underived" in readable else readable.iloc[:0])
+    if not underived.empty:
         markdown += (f"\n\nRuns whose epsilon cannot be derived (no privacy_ledger): under "
                      f"'{UNDERIVED_LABEL}', never under an epsilon, on no curve:\n" + "\n".join(
-                         f"- {markdown_text(r.run_dir)}" for r in
-                         readable[readable["underived"] == True].itertuples()))  # noqa: E712
+                         f"- {markdown_text(r.run_dir)}" for r in underived.itertuples()))
     for status, title in ((FAILED, "Failed runs"), (UNREADABLE, "Unreadable results")):
         listed = frame[frame["status"] == status]
         if not listed.empty:

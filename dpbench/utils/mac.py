@@ -72,6 +72,14 @@ def freeze_key(create: bool = True) -> bytes:
     return _FROZEN
 
 
+def thaw_key() -> None:
+    """Forget the key ``freeze_key`` read: the next ``mac_key`` reads the environment again.
+    For in-process callers that run several console scripts' mains in one process (tests);
+    a console script freezes once and never thaws."""
+    global _FROZEN
+    _FROZEN = None
+
+
 def _read_key_file(path: Path, create: bool) -> bytes:
     """Return the key in ``path``, creating it (0600, 32 random bytes) if allowed and absent."""
     if create and not path.exists():

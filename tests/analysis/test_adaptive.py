@@ -16,6 +16,7 @@ from dpbench.runners.adaptive import (
     load_stages,
     plan_follow_up,
 )
+from tests.helpers.report_records import with_ledger
 
 
 def test_the_design_is_declared_once_and_a_third_look_is_refused(tmp_path):
@@ -63,10 +64,10 @@ def test_a_plain_run_with_more_seeds_is_the_designs_follow_up(tmp_path):
         for method, acc in (("a", 0.60 + 0.01 * (s % 3)), ("b", 0.5)):
             folder = tmp_path / "grid" / f"{method}{s}"
             folder.mkdir(parents=True)
-            (folder / "results.json").write_text(json.dumps(
+            (folder / "results.json").write_text(json.dumps(with_ledger(
                 {"status": "completed", "dataset": "mnist", "model": "cnn2", "config": {},
                  "method_name": method, "method": method, "seed": s,
-                 "target_epsilon": 1.0, "metrics": {"accuracy": acc}}))
+                 "target_epsilon": 1.0, "metrics": {"accuracy": acc}})))
     spec = {"short": "P", "claims": [{"id": "c", "claim": "a beats b", "metric": "accuracy",
                                       "method": "a", "baseline": "b", "paper_effect": 0.1,
                                       "where": {"target_epsilon": 1.0}}]}
