@@ -107,9 +107,9 @@ def test_harmless_sweeps_pass(tmp_path):
 
 @pytest.mark.parametrize(("override", "key"), [
     ("+hydra.job.env_set.DPBENCH_MAC_KEY=known-to-everyone-0123", "DPBENCH_MAC_KEY"),
-    ("+hydra.job.env_set.DPBENCH_MAC_KEY_FILE=/tmp/known.key", "DPBENCH_MAC_KEY_FILE"),
-    ("+hydra.job.env_set.XDG_CONFIG_HOME=/tmp/known", "XDG_CONFIG_HOME"),
-    ("+hydra.job.env_set.HOME=/tmp/known", "HOME"),
+    ("+hydra.job.env_set.DPBENCH_MAC_KEY_FILE=/srv/known.key", "DPBENCH_MAC_KEY_FILE"),
+    ("+hydra.job.env_set.XDG_CONFIG_HOME=/srv/known", "XDG_CONFIG_HOME"),
+    ("+hydra.job.env_set.HOME=/srv/known", "HOME"),
 ])
 def test_a_config_never_sets_the_mac_key(override, key):
     with pytest.raises(ConfigError) as err:
