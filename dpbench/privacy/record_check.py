@@ -117,7 +117,6 @@ def check_record_epsilon(record: Mapping[str, Any], what: str = "results.json"
     below the target): a raised sigma is refused. Returns None for a non-private record
     (epsilon infinite) and for one that states no epsilon.
     """
-    from dpbench.privacy.accountant import compose_epsilon
     from dpbench.privacy.calibration import RELATIVE_TOLERANCE
 
     if record.get("private") is False:
@@ -132,35 +131,10 @@ def check_record_epsilon(record: Mapping[str, Any], what: str = "results.json"
     if ledger is None:
         raise LedgerMismatch(f"{what} states epsilon {stated!r} but has no privacy_ledger to "
                              "derive it from")
-    steps = record.get("steps")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise LedgerMismatch(f"{what}: steps is not an integer >= 0 ({steps!r})")
-    bands = record.get("participation_bands") or 1
-    if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
-        raise LedgerMismatch(f"{what}: participation_bands is not an integer >= 1 ({bands!r})")
-    ledger = check_ledger(ledger, noise_multiplier=record.get("noise_multiplier"),
-                          sample_rate=record.get("sample_rate"), bands=bands, steps=steps,
-                          what=f"{what}: privacy_ledger")
-    delta = _number(record.get("delta"), f"{what}: delta")
-    if not 0 < delta < 1:
-        raise LedgerMismatch(f"{what}: delta {delta!r} is not in (0, 1)")
+    ledger, steps, delta, sampling = _checked_ledger(record, ledger, what)
     accountant = record.get("accountant")
     history = ledger_history(ledger)
-    sampling = _ledger_sampling(record, ledger, what)
-    _check_convention(record, sampling, what)
-    try:
-        if not history:
-            derived = 0.0
-        elif sampling is None:
-            derived = compose_epsilon(history, delta, accountant)
-        else:
-            from dpbench.privacy.accountant import epsilon as poisson_epsilon
-            from dpbench.privacy.samplers import resolve_sampling, sampling_epsilon
-
-            resolve_sampling(sampling.sampler, sampling.neighbouring, accountant)
-            derived = sampling_epsilon(sampling, accountant, history, delta, poisson_epsilon)
-    except Exception as err:  # noqa: BLE001 - an unknown accountant or an unaccountable ledger
-        raise LedgerMismatch(f"{what}: its ledger cannot be accounted ({err})") from None
+    derived = _accounted(history, sampling, delta, accountant, what)
     if stated is None or not math.isclose(_number(stated, f"{what}: epsilon"), derived,
                                           rel_tol=EPSILON_RTOL, abs_tol=1e-12):
         raise LedgerMismatch(f"{what} states epsilon {stated!r}, but its ledger gives "
@@ -327,33 +301,50 @@ def epsilon_after(record: Mapping[str, Any], step: int, what: str = "results.jso
     ``check_record_epsilon`` derives the final one: what a ``history`` or ``step_history``
     row at that step must state, re-derived rather than read. LedgerMismatch (one line) if
     the ledger does not check or ends before ``step``; infinity for a non-private record."""
-    from dpbench.privacy.accountant import compose_epsilon
-
     if record.get("private") is False:
         return math.inf
     ledger = record.get("privacy_ledger")
     if ledger is None:
         raise LedgerMismatch(f"{what} has no privacy_ledger to derive an epsilon from")
-    steps, bands = record.get("steps"), record.get("participation_bands") or 1
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise LedgerMismatch(f"{what}: steps is not an integer >= 0 ({steps!r})")
-    if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
-        raise LedgerMismatch(f"{what}: participation_bands is not an integer >= 1 ({bands!r})")
+    ledger, steps, delta, sampling = _checked_ledger(record, ledger, what)
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= steps:
         raise LedgerMismatch(f"{what}: step {step!r} is not one of its {steps} steps")
-    ledger = check_ledger(ledger, noise_multiplier=record.get("noise_multiplier"),
-                          sample_rate=record.get("sample_rate"), bands=bands, steps=steps,
-                          what=f"{what}: privacy_ledger")
-    left, prefix = accounted_steps(step, bands), []
+    left, prefix = accounted_steps(step, record.get("participation_bands") or 1), []
     for entry in ledger:
         take = min(int(entry["steps"]), left)
         if take > 0:
             prefix.append({**entry, "steps": take})
             left -= take
+    return _accounted(ledger_history(prefix), sampling, delta, record.get("accountant"), what)
+
+
+def _checked_ledger(record: Mapping[str, Any], ledger: Any, what: str
+                    ) -> tuple[list[dict[str, Any]], int, float, Any]:
+    """Return (the checked ledger, steps, delta, its ``Sampling``): the record's plan facts
+    fix the ledger (``check_ledger``), its sampler's facts and convention are the record's own;
+    LedgerMismatch (one line naming the key) otherwise."""
+    steps = record.get("steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise LedgerMismatch(f"{what}: steps is not an integer >= 0 ({steps!r})")
+    bands = record.get("participation_bands") or 1
+    if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
+        raise LedgerMismatch(f"{what}: participation_bands is not an integer >= 1 ({bands!r})")
+    ledger = check_ledger(ledger, noise_multiplier=record.get("noise_multiplier"),
+                          sample_rate=record.get("sample_rate"), bands=bands, steps=steps,
+                          what=f"{what}: privacy_ledger")
     delta = _number(record.get("delta"), f"{what}: delta")
-    accountant = record.get("accountant")
-    history = ledger_history(prefix)
+    if not 0 < delta < 1:
+        raise LedgerMismatch(f"{what}: delta {delta!r} is not in (0, 1)")
     sampling = _ledger_sampling(record, ledger, what)
+    _check_convention(record, sampling, what)
+    return ledger, steps, delta, sampling
+
+
+def _accounted(history: Any, sampling: Any, delta: float, accountant: Any, what: str) -> float:
+    """Return the epsilon of a ledger's ``history`` under its sampler (None: Poisson under
+    add/remove) by ``accountant`` at ``delta``; LedgerMismatch if it cannot be accounted."""
+    from dpbench.privacy.accountant import compose_epsilon
+
     try:
         if not history:
             return 0.0
