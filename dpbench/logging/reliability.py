@@ -22,11 +22,13 @@ DIAGRAM_NAME = "reliability.png"
 
 def plot_reliability(confidence: list[float], accuracy: list[float], count: list[float],
                      path: Path, title: str = "", ece: float | None = None) -> Path:
-    """Write a reliability diagram (accuracy per confidence bin vs the diagonal) to ``path``."""
-    import matplotlib
+    """Write a reliability diagram (accuracy per confidence bin vs the diagonal) to ``path``.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Drawn on a bare ``Figure`` with a fixed layout: neither pyplot (its import and global
+    figure list) nor ``tight_layout`` (a second draw), a fixed cost of every classification
+    run (docs/engine.md, "Start-up")."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     n_bins = len(count)
     width = 1.0 / n_bins
@@ -34,8 +36,9 @@ def plot_reliability(confidence: list[float], accuracy: list[float], count: list
     empty = [n == 0 or math.isnan(a) for n, a in zip(count, accuracy)]  # drawn as nothing
     acc = [0.0 if e else a for e, a in zip(empty, accuracy)]
     conf = [0.0 if e else c for e, c in zip(empty, confidence)]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(4, 5), sharex=True,
-                                      gridspec_kw={"height_ratios": [3, 1]})
+    fig = Figure(figsize=(4, 5))
+    FigureCanvasAgg(fig)
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     top.bar(lefts, acc, width=width, align="edge", edgecolor="black", label="accuracy")
     top.bar(lefts, [c - a for c, a in zip(conf, acc)], bottom=acc, width=width, align="edge",
             color="red", alpha=0.3, edgecolor="red", label="gap to confidence")
@@ -49,10 +52,9 @@ def plot_reliability(confidence: list[float], accuracy: list[float], count: list
     bottom.set_xlabel("confidence")
     bottom.set_ylabel("share")
     bottom.set_xlim(0, 1)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.17, right=0.96, top=0.93, bottom=0.1, hspace=0.08)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
     atomic_write_bytes(path, buffer.getvalue())  # a planted link is replaced, not followed
     return path
 

@@ -21,7 +21,6 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.special import comb
 
 if TYPE_CHECKING:
     import torch
@@ -31,6 +30,8 @@ STRATEGIES = ("optimal", "sqrt")
 
 def sqrt_coefficients(bands: int) -> np.ndarray:
     """Return binom(2k, k) / 4^k for k < bands, renormalised to unit L2 norm."""
+    from scipy.special import comb  # here: every config imports this module, few use it
+
     k = np.arange(bands)
     coefs = comb(2 * k, k, exact=False) / 4.0**k
     return coefs / np.linalg.norm(coefs)
