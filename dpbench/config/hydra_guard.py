@@ -21,7 +21,8 @@ ConfigError naming the key of the first value that is not allowed
 - ``--experimental-rerun`` (which unpickles a file) is refused;
 - ``hydra.job.env_set`` may not set ``DPBENCH_*``, ``XDG_CONFIG_HOME`` or ``HOME``, nor may a
   launcher value name them (the MAC key is the user's, read before Hydra composes);
-- ``hydra.sweeper`` must be the basic sweeper and ``hydra.launcher`` a known launcher.
+- ``hydra.sweeper`` must be the basic sweeper (Hydra's, or dpbench's, which composes each job
+  once: ``config.compose_once``) and ``hydra.launcher`` a known launcher.
 
 In a sweep every job is composed, as the basic sweeper lists them (``glob(...)``, ``choice``,
 ``range``, group sweeps, the sweeper's ``params``; the product of all), and each is checked.
@@ -111,8 +112,11 @@ def check_hydra_node(cfg: DictConfig) -> None:
         check_logging_config(_resolved(cfg, key), key)
 
 
-#: the sweeper whose jobs the guard can list (what it composes is what that sweeper runs)
+#: the sweepers whose jobs the guard can list (what it composes is what they run): Hydra's
+#: basic sweeper and dpbench's, the basic sweeper composing each job once
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+SWEEPERS = frozenset({BASIC_SWEEPER,
+                      "hydra_plugins.dpbench_sweeper.compose_once_sweeper.ComposeOnceSweeper"})
 #: launchers Hydra may instantiate (``hydra.launcher._target_``)
 LAUNCHERS = frozenset({
     "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
@@ -152,7 +156,7 @@ def check_environment(cfg: DictConfig) -> None:
 def check_plugins(cfg: DictConfig) -> None:
     """Raise ConfigError unless ``hydra.sweeper`` and ``hydra.launcher`` name known plugins
     (Hydra imports the class a ``_target_`` names before checking its type)."""
-    for key, allowed in (("hydra.sweeper", {BASIC_SWEEPER}), ("hydra.launcher", LAUNCHERS)):
+    for key, allowed in (("hydra.sweeper", SWEEPERS), ("hydra.launcher", LAUNCHERS)):
         target = OmegaConf.select(cfg, f"{key}._target_")
         if target is not None and target not in allowed:
             raise ConfigError(f"{key}._target_={target!r} is refused: dpbench runs with "
