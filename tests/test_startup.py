@@ -1,6 +1,7 @@
 """Start-up stays light: ``dpbench --help`` and ``--cfg job`` import none of the heavy optional
-libraries nor the training loop (Opacus), and a digits run imports neither transformers/peft,
-torchvision nor W&B with logger=none."""
+libraries, the statistics and plotting libraries (scipy, pandas, matplotlib) nor the training
+loop (Opacus), a digits run imports neither transformers/peft, torchvision nor W&B with
+logger=none, and a sweep of K seeds composes its configuration K times plus a fixed few."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.processes]
 
 REPO = Path(__file__).resolve().parents[1]
-HEAVY = ("wandb", "matplotlib", "transformers", "peft", "torchvision")
+HEAVY = ("wandb", "matplotlib", "transformers", "peft", "torchvision", "scipy", "pandas",
+         "sklearn")
 #: composing a config needs the method classes (their settings schemas), not the training loop
 LOOP = ("opacus", "dpbench.training.loop")
 PROBE = """
@@ -52,3 +54,48 @@ def test_a_digits_run_imports_only_what_it_needs(tmp_path):
     assert "wandb" not in imported
     assert "torchvision" not in imported  # ResNet's builder imports it on first use
     assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "completed"
+
+
+#: counts Hydra's compositions (``load_configuration``) in a fresh ``dpbench`` process
+COUNT_PROBE = """
+import runpy, sys
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+calls = []
+compose = ConfigLoaderImpl.load_configuration
+def counted(self, *args, **kwargs):
+    calls.append(1)
+    return compose(self, *args, **kwargs)
+ConfigLoaderImpl.load_configuration = counted
+sys.argv = ["dpbench", *{args!r}]
+try:
+    runpy.run_module("dpbench", run_name="__main__")
+except SystemExit as stop:
+    print("EXIT=" + str(stop.code))
+print("COMPOSES=" + str(len(calls)))
+"""
+#: compositions a sweep makes besides one per job: the guard's (the sweep's own and one job
+#: of each class of jobs, ``hydra_guard``), and Hydra's (its run mode, the sweep's config)
+FIXED_COMPOSES = 4
+
+
+def _composes(args: list[str], cwd: Path) -> int:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env.pop("DPBENCH_DATA_ROOT", None)
+    out = subprocess.run([sys.executable, "-c", COUNT_PROBE.format(args=args)], cwd=cwd,
+                         env=env, capture_output=True, text=True, timeout=600)
+    line = [x for x in out.stdout.splitlines() if x.startswith("COMPOSES=")]
+    assert line and "EXIT=" not in out.stdout, out.stderr[-2000:]
+    return int(line[-1].removeprefix("COMPOSES="))
+
+
+def test_a_sweep_of_k_seeds_composes_each_job_once(tmp_path):
+    """Hydra's basic sweeper composes every job twice (to validate the batch, then to run
+    it); dpbench's sweeper runs the validated composition, so 3 jobs cost 3 + a fixed few."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "seed=0,1,2", "logger=none", "trainer.epochs=1", "trainer.progress=false",
+            f"hydra.sweep.dir={sweep}"]
+    assert _composes(args, tmp_path) == 3 + FIXED_COMPOSES
+    records = sorted(sweep.glob("*/results.json"))
+    assert [json.loads(r.read_text())["status"] for r in records] == ["completed"] * 3
+    seeds = [json.loads(r.read_text())["config"]["seed"] for r in records]
+    assert seeds == [0, 1, 2]  # each job ran its own composition
