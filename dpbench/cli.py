@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.errors import ConfigError
-from dpbench.runners.job import fail, run_job
+from dpbench.runners.job import run_job
+from dpbench.runners.job_errors import fail
 from dpbench.training.distributed import launched_world_size
 from dpbench.utils.io import make_dirs, record_created, remove_created
 

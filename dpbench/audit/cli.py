@@ -22,7 +22,7 @@ from dpbench.errors import ConfigError
 from dpbench.logging.records import COMPLETED, write_record
 from dpbench.logging.results import run_record
 from dpbench.privacy.samplers import RELATION_LABEL
-from dpbench.runners.job import run_locked
+from dpbench.runners.locked import run_locked
 from dpbench.spec import RunSpec, build_spec
 
 HEADER = ("| method | dataset | epsilon_claimed | epsilon_lower | power | ceiling "

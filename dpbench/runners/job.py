@@ -1,13 +1,11 @@
-"""The job wrapper every command shares: the run folder's lock and checks, the one-line
-errors, ``config.yaml``, ``run.log`` and the record (``results.json``), around one
+"""The job of ``dpbench``: lock the run folder, check, train and record one run, around one
 ``experiment.run(spec)``.
 
-- ``run_job(cfg)``: one job of ``dpbench`` (a run, one job of a ``-m`` sweep, or every rank of
-  a ``torchrun`` job: rank 0 alone locks, writes and logs, and tells the others whether to
-  train with ``StartSignal``; they never write a file).
-- ``train_in(cfg, run_dir)``: one ``dpbench-tune`` trial or final run, in this process.
-- ``run_locked(program, cfg, check_kind, work)``: the frame of ``dpbench-audit`` and
-  ``dpbench-mia`` (their ``work`` builds its runs from a ``RunSpec`` too).
+``run_job(cfg)`` is one job of ``dpbench`` (a run, one job of a ``-m`` sweep, or every rank of
+a ``torchrun`` job: rank 0 alone locks, writes and logs, and tells the others whether to
+train with ``start_signal.StartSignal``; they never write a file). Its parts: the one-line
+errors (``job_errors``), the run folder's checks and first files (``run_folder``), the
+completed record (``job_record``); the other commands' frames are ``locked``.
 
 A bad setting prints one line ``PROGRAM: error: ...``, exits 2 before any training and removes
 only the folders the job created; in a sweep a failing job writes a ``failed`` record and the
@@ -18,17 +16,21 @@ checkpoint saved (exit 3, or submitit's requeue). See docs/distributed.md.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from dpbench.errors import ConfigError, DataError, DPBenchError
-from dpbench.logging.records import COMPLETED, RESULTS_NAME, failed_record, write_record
+from dpbench.errors import DataError, DPBenchError
+from dpbench.logging.records import RESULTS_NAME
+from dpbench.runners.job_errors import Stop, error_message, os_error, print_error, report_error
+from dpbench.runners.job_record import completed_record, print_done
+from dpbench.runners.run_folder import check_folder, check_folder_kind, open_run_files
+from dpbench.runners.start_signal import StartSignal
 from dpbench.training.distributed import (
     Collective,
     close_collective,
@@ -36,44 +38,11 @@ from dpbench.training.distributed import (
     init_collective,
 )
 from dpbench.training.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionWatch
-from dpbench.utils.io import atomic_write_bytes, open_append, remove_created, take_created
+from dpbench.utils.io import remove_created, take_created
 from dpbench.utils.lock import RunDirLock
-from dpbench.utils.paths import check_run_dir
 from dpbench.utils.threads import apply_threads, torch_threads
 
-if TYPE_CHECKING:
-    from dpbench.spec import RunSpec
-
 log = logging.getLogger("dpbench")
-
-
-def print_error(message: str, program: str = "dpbench") -> None:
-    """Print ``message`` as the one line ``PROGRAM: error: ...`` (inner newlines joined)."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    print(f"{program}: error: {' / '.join(lines)}", file=sys.stderr)
-
-
-def fail(message: str, code: int = 2) -> None:
-    """Print the one-line error and exit with ``code``."""
-    print_error(message)
-    sys.exit(code)
-
-
-def _os_error(err: OSError, fallback: Path, doing: str = "") -> str:
-    """Return '[DOING ]PATH: REASON' for a failed file operation."""
-    return f"{doing}{err.filename or fallback}: {err.strerror or err}"
-
-
-def _message(err: BaseException) -> str:
-    return str(err) if isinstance(err, DPBenchError) else f"{type(err).__name__}: {err}"
-
-
-class _Stop(Exception):  # noqa: N818 - not an error: the job ends before training, quietly
-    """Raised from ``ready`` when the job ends before its first step; ``code`` is the exit."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
 
 
 def _callbacks(cfg: DictConfig, run_dir: Path, sweep_name: str | None) -> list:
@@ -93,102 +62,6 @@ def _callbacks(cfg: DictConfig, run_dir: Path, sweep_name: str | None) -> list:
         callbacks.append(instantiate(cfg.logger, group=group, run_dir=run_dir, cfg=cfg,
                                      name=cfg.get("run_name")))
     return callbacks
-
-
-#: the program that writes each ``kind`` of record (a training record has none)
-RECORD_KINDS = {"audit": "dpbench-audit", "mia": "dpbench-mia"}
-
-
-def check_folder_kind(run_dir: Path) -> None:
-    """Raise ConfigError if ``run_dir`` holds a record of another kind than a training run's
-    (``kind`` set: an audit's, a membership-inference run's, or one unknown): a run folder
-    holds one kind of record, and a training run never replaces another's."""
-    from dpbench.utils.safe_json import UnsafeFile, read_json
-
-    results = run_dir / RESULTS_NAME
-    if not results.exists():
-        return
-    try:
-        record = read_json(results)
-    except (UnsafeFile, OSError):
-        return  # an unreadable record is the run's own to replace (as before)
-    kind = record.get("kind") if isinstance(record, dict) else None
-    if kind is not None and kind != "training":
-        program = RECORD_KINDS.get(kind) if isinstance(kind, str) else None
-        raise ConfigError(f"hydra.run.dir={run_dir} holds a "
-                          f"{program + ' run' if program else f'record of kind {kind!r}'} "
-                          f"({RESULTS_NAME}); a training run writes only into an empty folder "
-                          "or a training run's: choose another folder")
-
-
-def check_folder(run_dir: Path, hydra_overrides: list[str],
-                 check_kind: Callable[[Path], None]) -> None:
-    """Raise ConfigError if the run folder lies outside outputs/ without the user choosing it
-    (``check_run_dir``) or holds a run of another kind (``check_kind``)."""
-    check_run_dir(run_dir, hydra_overrides)
-    check_kind(run_dir)
-
-
-def _report_error(cfg: DictConfig, run_dir: Path, err: BaseException, stage: str,
-                  keep_record: bool) -> None:
-    message = (_os_error(err, run_dir) if isinstance(err, OSError) and err.strerror
-               and not isinstance(err, DPBenchError) else _message(err))
-    if keep_record:
-        try:
-            write_record(run_dir, failed_record(cfg, err, stage))
-        except OSError as write_err:  # e.g. the disk is full: say so on the same line
-            message += f" (and results.json could not be written: {write_err.strerror})"
-    print_error(message)
-
-
-def completed_record(spec: RunSpec, results: Path) -> dict | None:
-    """Return the run dir's completed record if it was written by this very config.
-
-    Raise ConfigError if another config wrote it (resuming would hand back its results), if
-    its MAC does not verify with this user's key, or if its epsilon is not the one its own
-    mechanism gives (``privacy.record_check.check_record_epsilon``).
-    """
-    from dpbench.privacy.record_check import LedgerMismatch, check_record_epsilon
-    from dpbench.spec import fingerprint
-    from dpbench.utils.mac import verify_mac
-    from dpbench.utils.safe_json import UnsafeFile, parse_json, read_bytes
-
-    try:
-        data = read_bytes(results)
-        record = parse_json(data, results)
-    except (OSError, UnsafeFile) as err:
-        raise ConfigError(f"{results} cannot be read ({err}); move it away to start afresh"
-                          ) from None
-    if not isinstance(record, dict) or record.get("status") != COMPLETED:
-        return None
-    verify_mac(results, data, "the completed record")
-    if fingerprint(OmegaConf.create(record.get("config") or {})) != spec.fingerprint:
-        raise ConfigError(f"{results} was written by another configuration; resume with the "
-                          "same settings or use a new hydra.run.dir")
-    try:
-        check_record_epsilon(record, str(results))
-    except LedgerMismatch as err:
-        raise ConfigError(f"{err}; move it away to start afresh") from None
-    return record
-
-
-class StartSignal:
-    """Rank 0 tells the other ranks, once, whether to train: GO, DONE (already completed) or
-    REFUSED (it stopped before training and said why). A no-op in a 1-process run."""
-
-    GO, DONE, REFUSED = 0, 1, 2
-
-    def __init__(self, collective: Collective) -> None:
-        self.collective, self.sent = collective, False
-
-    def send(self, code: int) -> None:
-        if self.sent or not self.collective.distributed:
-            return
-        self.sent = True
-        self.collective.bytes_from_main(bytes([code]))
-
-    def receive(self) -> int:
-        return self.collective.bytes_from_main(b"")[0]
 
 
 def run_job(cfg: DictConfig) -> dict | None:
@@ -228,7 +101,7 @@ def _run_main(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
             lock.acquire()
         except (DPBenchError, OSError) as err:
             print_error(str(err) if isinstance(err, DPBenchError)
-                        else _os_error(err, run_dir, "cannot write into hydra.run.dir: "))
+                        else os_error(err, run_dir, "cannot write into hydra.run.dir: "))
             remove_created(created)
             if multirun:
                 return None
@@ -262,7 +135,7 @@ def _run_worker(cfg: DictConfig, hc: Any, multirun: bool, collective: Collective
         if code != StartSignal.GO:
             if code == StartSignal.REFUSED:
                 remove_created(created)  # rank 0 said why; what this rank made goes
-            raise _Stop(0 if code == StartSignal.DONE else 2)
+            raise Stop(0 if code == StartSignal.DONE else 2)
         watch.install()
         training = True
 
@@ -270,7 +143,7 @@ def _run_worker(cfg: DictConfig, hc: Any, multirun: bool, collective: Collective
         spec = build_spec(cfg)
         apply_threads(spec.trainer.num_threads, hc)
         return run(spec, None, [], collective=collective, ready=ready, stop=watch.requested)
-    except _Stop as stop:
+    except Stop as stop:
         if multirun:
             return None
         sys.exit(stop.code)
@@ -278,29 +151,12 @@ def _run_worker(cfg: DictConfig, hc: Any, multirun: bool, collective: Collective
         watch.hand_over()
         sys.exit(PREEMPTED_EXIT_CODE)
     except Exception as err:  # noqa: BLE001 - rank 0 reports a bad setting; this is the rest
-        print_error(prefix + _message(err))
+        print_error(prefix + error_message(err))
         if multirun and not training:
             return None
         sys.exit(1 if training else 2)
     finally:
         watch.release()
-
-
-def _open_run_files(cfg: DictConfig, run_dir: Path) -> logging.Handler:
-    """Write ``config.yaml`` and open ``run.log``; on OSError say so in one line (a config.yaml
-    this call created is removed) and raise ``_Stop(2)``: nothing trained yet."""
-    config_path = run_dir / "config.yaml"
-    had_config = config_path.exists()
-    try:
-        atomic_write_bytes(config_path, OmegaConf.to_yaml(cfg, resolve=True).encode())
-        handler = logging.StreamHandler(open_append(run_dir / "run.log"))  # no link followed
-    except OSError as err:  # read-only or full output folder
-        print_error(_os_error(err, run_dir, "cannot write "))
-        if not had_config:
-            config_path.unlink(missing_ok=True)
-        raise _Stop(2) from err
-    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s"))
-    return handler
 
 
 def _resume(trainer: Any) -> None:
@@ -315,10 +171,16 @@ def _resume(trainer: Any) -> None:
                         "move it away to start afresh") from err
 
 
+def _clock() -> tuple[float, float]:
+    """Return the wall and CPU seconds now (``perf_counter``, ``process_time``)."""
+    return time.perf_counter(), time.process_time()
+
+
 def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
                 undo: Callable[[], Any], collective: Collective | None = None,
                 start: StartSignal | None = None) -> dict | None:
     """run_job's body, with the run dir locked; ``undo()`` removes what a refusal created."""
+    began = _clock()
     from dpbench.experiment import run
     from dpbench.spec import build_spec
 
@@ -332,7 +194,7 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
         """A failure before training: one line (a failed record in a sweep, unless it would
         replace an earlier run's), nothing half-written left behind."""
         if err is not None:
-            _report_error(cfg, run_dir, err, "setup", multirun and not existed_before)
+            report_error(cfg, run_dir, err, "setup", multirun and not existed_before)
         if multirun:
             return None
         undo()
@@ -360,11 +222,12 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
     watch = PreemptionWatch()
     handler: logging.Handler | None = None
     training = False
+    trains_from = began
 
     def ready(trainer: Any) -> None:
-        nonlocal handler, training
+        nonlocal handler, training, trains_from
         _resume(trainer)  # a checkpoint of another config fails here, writing nothing
-        handler = _open_run_files(cfg, run_dir)
+        handler = open_run_files(cfg, run_dir)
         logging.getLogger().addHandler(handler)
         for note in trainer.data.notes:
             log.warning(note)
@@ -382,11 +245,16 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
             start.send(StartSignal.GO)
         watch.install()  # restored only after a failure is recorded (see the finally)
         training = True
+        trains_from = _clock()
 
     try:
         result = run(spec, run_dir, callbacks, collective=collective, ready=ready,
                      stop=watch.requested)
-    except _Stop:
+        done = _clock()  # the job's own cost beside its training (docs/engine.md, "Start-up")
+        log.info("trained in %.2f s (CPU %.2f s), after the job's set-up of %.2f s (CPU %.2f s)",
+                 done[0] - trains_from[0], done[1] - trains_from[1],
+                 trains_from[0] - began[0], trains_from[1] - began[1])
+    except Stop:
         return refuse(None)
     except Preempted as err:  # a whole step checkpointed: not a failure
         _preempted(callbacks, err, watch)
@@ -398,7 +266,7 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
         for cb in callbacks:
             if hasattr(cb, "close"):
                 cb.close(failed=True)
-        _report_error(cfg, run_dir, err, "train", keep_record=True)
+        report_error(cfg, run_dir, err, "train", keep_record=True)
         if isinstance(err, (KeyboardInterrupt, SystemExit)) or not multirun:
             if isinstance(err, KeyboardInterrupt):
                 raise
@@ -412,21 +280,8 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
             logging.getLogger().removeHandler(handler)
             handler.close()
             handler.stream.close()
-    _print_done(cfg, result, run_dir)
+    print_done(cfg, result, run_dir)
     return result
-
-
-def _print_done(cfg: DictConfig, result: dict, run_dir: Path) -> None:
-    from dpbench.privacy.samplers import RELATION_LABEL
-
-    eps = result["epsilon"]
-    acc = result["metrics"].get("accuracy")
-    print(f"dpbench: {cfg.method.name} on {cfg.dataset.name}/{cfg.model.name}: "
-          f"epsilon {eps if math.isinf(eps) else round(eps, 4)} (target "
-          f"{result['target_epsilon']}, delta {result['delta']}, "
-          f"{RELATION_LABEL.get(result.get('neighbouring'), 'add/remove')}), "
-          + (f"test accuracy {acc:.4f}, " if acc is not None else "")
-          + f"results in {run_dir / RESULTS_NAME}")
 
 
 def _preempted(callbacks: list, err: Preempted, watch: PreemptionWatch) -> None:
@@ -438,61 +293,3 @@ def _preempted(callbacks: list, err: Preempted, watch: PreemptionWatch) -> None:
     print(f"dpbench: {err}", file=sys.stderr)
     watch.hand_over()
     sys.exit(PREEMPTED_EXIT_CODE)
-
-
-def train_in(cfg: DictConfig, run_dir: Path | None = None,
-             ready: Callable[[Any], None] | None = None) -> tuple[RunSpec, dict[str, Any]]:
-    """Train one ``dpbench-tune`` trial or final run in this process; return its spec and
-    summary (``ready(trainer)`` runs before the first step). With ``run_dir`` the folder is
-    locked (one run per folder) and the run's record is written there by the same
-    ``ResultsStore`` as ``dpbench``'s; a run that fails leaves no folder it created empty."""
-    from dpbench.experiment import run
-    from dpbench.spec import build_spec
-    from dpbench.utils.io import make_dirs
-
-    spec = build_spec(cfg)
-    if run_dir is None:
-        return spec, run(spec, ready=ready)
-    from dpbench.logging.results import ResultsStore
-
-    created = make_dirs(run_dir)
-    lock = RunDirLock(run_dir)
-    try:
-        lock.acquire()
-        return spec, run(spec, None, [ResultsStore(spec.cfg, run_dir)], ready=ready)
-    finally:
-        lock.release()
-        remove_created(created)  # only if nothing was written
-
-
-def run_locked(program: str, cfg: DictConfig, check_kind: Callable[[Path], None],
-               work: Callable[[RunSpec, Path], dict[str, Any]]) -> dict[str, Any]:
-    """Return ``work(spec, run_dir)``'s record, run in Hydra's run folder under its lock.
-
-    The folder is locked (one run per folder, audits and training runs alike), the config is
-    validated (``build_spec``) and the folder checked (``check_folder``; ``check_kind``: it
-    holds nothing of another kind), the jobs of a parallel sweep share the cores
-    (``utils.threads``), then the work runs. Bad input prints ``PROGRAM: error:
-    ...`` on one line, removes the folder if this job created it, and exits 2.
-    """
-    from hydra.core.hydra_config import HydraConfig
-
-    from dpbench.spec import build_spec
-    from dpbench.utils.io import remove_if_fresh
-
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    existed = run_dir.exists() and any(run_dir.iterdir())  # Hydra creates it empty
-    lock = RunDirLock(run_dir)
-    try:
-        lock.acquire()
-        spec = build_spec(cfg)
-        check_folder(run_dir, list(HydraConfig.get().overrides.hydra), check_kind)
-        apply_threads(spec.trainer.num_threads, HydraConfig.get())  # k parallel jobs share cores
-        return work(spec, run_dir)
-    except (DPBenchError, TypeError, ValueError, ImportError, OSError) as err:
-        print_error(_message(err), program)
-        lock.release()
-        remove_if_fresh(run_dir, existed)
-        sys.exit(2)
-    finally:
-        lock.release()

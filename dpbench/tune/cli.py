@@ -63,9 +63,9 @@ _RANDOM_ONLY = ("trials", "lr_range", "batch_sizes", "clip_floors")
 
 def train(overrides: list[str], run_dir: Path | None = None) -> tuple[DictConfig, dict[str, Any]]:
     """Train one configuration in this process through the shared job wrapper
-    (``runners.job.train_in``: ``build_spec``, ``run(spec)``, with ``run_dir`` its lock and
+    (``runners.locked.train_in``: ``build_spec``, ``run(spec)``, with ``run_dir`` its lock and
     record); return the run's config and summary (plus ``evaluated_examples``)."""
-    from dpbench.runners.job import train_in
+    from dpbench.runners.locked import train_in
 
     trainers: list[Any] = []
     spec, summary = train_in(compose_config([*_QUIET, *overrides]), run_dir,

@@ -183,7 +183,7 @@ def test_a_preempted_submitit_job_is_requeued_and_resumes(tmp_path, reference):
 _SIGTERM_WHILE_RECORDING = """
 import os, signal, sys
 import dpbench.cli as cli
-import dpbench.runners.job as job
+import dpbench.runners.job_errors as job_errors
 from dpbench.training.loop import Trainer
 from dpbench.errors import DPBenchError
 
@@ -194,11 +194,11 @@ def failing_step(self, batch):
     return step(self, batch)
 Trainer.train_step = failing_step
 
-write = job.write_record
+write = job_errors.write_record
 def write_under_sigterm(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGTERM)
     return write(*args, **kwargs)
-job.write_record = write_under_sigterm
+job_errors.write_record = write_under_sigterm
 
 sys.argv = ["dpbench", *sys.argv[1:]]
 cli.main()

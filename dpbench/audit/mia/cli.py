@@ -32,7 +32,8 @@ from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.errors import ConfigError
 from dpbench.logging.records import COMPLETED, RESULTS_NAME, write_record
 from dpbench.logging.results import run_record
-from dpbench.runners.job import completed_record, run_locked
+from dpbench.runners.job_record import completed_record
+from dpbench.runners.locked import run_locked
 
 if TYPE_CHECKING:
     from dpbench.spec import RunSpec
