@@ -124,7 +124,8 @@ def sweep_share(cwd: Path, seeds: int) -> dict[str, float]:
             "train_cpu": sum(r[1] for r in runs),
             "setup_wall": statistics.median(r[2] for r in later),
             "setup_cpu": statistics.median(r[3] for r in later),
-            "run_wall": statistics.median(r[0] for r in later)}
+            "run_wall": statistics.median(r[0] for r in later),
+            "run_cpu": statistics.median(r[1] for r in later)}
 
 
 #: runs ``dpbench`` under cProfile (the sweep's process alone: the basic launcher)
@@ -188,7 +189,7 @@ def main() -> None:
         for key, label in (("fit", "training (`Trainer.fit`)"), ("imports", "imports"),
                            ("hydra", f"Hydra's compositions ({shares['loads']:.0f})")):
             print(f"| {label} | {shares[key]:.1f} s, {100 * shares[key] / total:.0f} % |")
-        print(f"| a job outside `Trainer.fit` (`run_job` - `fit`, per job) | "
+        print(f"| `run_job` outside `Trainer.fit`, per job (the first job's imports in it) | "
               f"{(shares['job'] - shares['fit']) / args.seeds:.2f} s |")
         return
     print(f"| `dpbench --help`, wall / CPU (median of {args.repeats}) | {help_s:.2f} s / "
@@ -202,7 +203,8 @@ def main() -> None:
           f"{100 * sweep['train_cpu'] / sweep['cpu']:.0f} % |")
     print(f"| a job after the first: set-up before its first step, wall / CPU (median) | "
           f"{sweep['setup_wall']:.2f} s / {sweep['setup_cpu']:.2f} s |")
-    print(f"| a job after the first: its training, wall (median) | {sweep['run_wall']:.2f} s |")
+    print(f"| a job after the first: its training, wall / CPU (median) | "
+          f"{sweep['run_wall']:.2f} s / {sweep['run_cpu']:.2f} s |")
 
 
 if __name__ == "__main__":
