@@ -62,6 +62,12 @@ class RunDirGuard(HydraCallback):
             remove_created(created)
             fail(f"cannot write into hydra.sweep.dir={sweep_dir}: {err.strerror or err}")
 
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        # trainer.seeds_at_once: the groups of seeds still waiting train now
+        from dpbench.runners.seed_groups import flush
+
+        flush()
+
 
 @hydra_entry("config")
 def hydra_main(cfg: DictConfig) -> None:
