@@ -326,12 +326,12 @@ class Trainer:
                      step=self.step)
 
     def use_engine(self, engine: Engine, when: str) -> None:
-        """Replace the checked engine by ``engine`` (a seed group's member engine) before the
-        first step, checked first by the per-run check: the run releases only from an engine
-        that passed it. The engine it replaces is closed (its hooks removed)."""
-        if not self.plan.private or self.step:
-            raise ConfigError("an engine is replaced only in a private run, before its first "
-                              "step")
+        """Replace the checked engine by ``engine`` (a seed group's member engine) before
+        ``fit`` (or ``begin``), checked first by the per-run check at the current weights: the
+        run releases only from an engine that passed it. The engine it replaces is closed
+        (its hooks removed)."""
+        if not self.plan.private:
+            raise ConfigError("an engine is replaced only in a private run")
         previous, self.engine = self.engine, engine
         try:
             self.check_engine(when)
