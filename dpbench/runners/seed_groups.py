@@ -21,6 +21,8 @@ line, as are W&B sinks (one W&B run per process here).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import sys
 from dataclasses import dataclass
@@ -71,11 +73,12 @@ _WAITING: dict[str, list[Member]] = {}
 
 
 def cell_key(cfg: DictConfig) -> str:
-    """Return what the seeds of one group share: the run's fingerprint with the seed left out
-    (``spec.fingerprint``; the output keys, logger and ``trainer.resume`` are not in it)."""
-    from dpbench.spec import fingerprint
+    """Return what the seeds of one group share: every setting but the seed, the run's name
+    and where it writes (Hydra's keys, ``paths``, the logger)."""
+    from dpbench.spec import settings_of
 
-    return fingerprint(OmegaConf.merge(cfg, {"seed": 0}))
+    data = settings_of(cfg, "seed", "run_name", "hydra", "paths", "logger")
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def grouping_check(cfg: DictConfig, hc: Any, spec: Any) -> None:

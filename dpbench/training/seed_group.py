@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,7 +50,9 @@ from dpbench.training.engine.protocol import (
     LossFn,
     Observer,
     Point,
+    kept_examples,
     trainable,
+    zero_rows,
 )
 from dpbench.utils.tensors import move_to
 
@@ -135,6 +138,57 @@ class _At:
         return functional_call(self.model, self.params, args)
 
 
+#: element-wise modules a linear-path model may hold between its linear layers
+ELEMENTWISE = (nn.Tanh, nn.ReLU, nn.Sigmoid, nn.Identity, nn.GELU)
+
+
+def linear_layers(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
+    """Return (name, module) of a ``Sequential`` of flatten, linear and element-wise layers
+    (logreg, the MLP), whose per-example gradients have the closed form of ``LinearRows``;
+    None for any other model (it takes the ``vmap`` path)."""
+    if not isinstance(model, nn.Sequential):
+        return None
+    layers = list(model.named_children())
+    if not layers or not all(isinstance(m, (nn.Linear, nn.Flatten, *ELEMENTWISE))
+                             for _, m in layers):
+        return None
+    if not isinstance(layers[0][1], nn.Flatten):
+        return None
+    return layers
+
+
+@dataclass
+class LinearRows:
+    """One seed's rows of a linear-path step: per linear layer its inputs ``a`` [n, in] and
+    output gradients ``g`` [n, out], and the per-example losses.
+
+    Example i's gradient of layer l is the outer product ``g_i a_i^T`` (and ``g_i`` for the
+    bias), so ``||G_i||^2 = sum_l ||g_i^l||^2 (||a_i^l||^2 + 1)`` (the ghost norm of
+    Goodfellow 2015 and Li et al. 2022 for a layer without a sequence axis) and the clipped
+    sum is ``sum_i f_i g_i a_i^T = (f g)^T a``: Abadi et al. 2016, Algorithm 1, without a
+    per-example gradient in memory.
+    """
+
+    io: list[tuple[torch.Tensor, torch.Tensor]]
+    losses: torch.Tensor
+
+    def norms(self, has_bias: list[bool]) -> torch.Tensor:
+        total = self.losses.new_zeros(len(self.losses))
+        for (a, g), bias in zip(self.io, has_bias):
+            gg = g.pow(2).sum(1)
+            total = total + gg * (a.pow(2).sum(1) + (1.0 if bias else 0.0))
+        return total.sqrt()
+
+    def sums(self, factors: torch.Tensor, has_bias: list[bool]) -> list[torch.Tensor]:
+        out = []
+        for (a, g), bias in zip(self.io, has_bias):
+            fg = g * factors.to(g.dtype).unsqueeze(1)
+            out.append(fg.t() @ a)
+            if bias:
+                out.append(fg.sum(0))
+        return out
+
+
 class SeedGroup:
     """The per-example gradients of K seeds' own batches in one vectorised call.
 
@@ -160,7 +214,9 @@ class SeedGroup:
                                   "(their models' parameters differ)")
             self.params.append(params)
         self.names: list[str] = names or []
+        self.layers = linear_layers(self.base)
         self._staged: list[Any] | None = None
+        self._linear: dict[int, LinearRows] = {}  # this step's rows of each seed (linear path)
         self._results: dict[int, tuple[list[torch.Tensor], torch.Tensor]] = {}
         self._pending: set[int] = set()  # the seeds that have not taken this step's rows
 
@@ -178,9 +234,11 @@ class SeedGroup:
             raise ValueError(f"{len(batches)} batches for a group of {self.size} seeds")
         self._staged = [move_to(b, device) for b in batches]
         self._results, self._pending = {}, set(range(self.size))
+        self._linear, self._linear_pending = {}, set(range(self.size))
 
     def unstage(self) -> None:
         self._staged, self._results, self._pending = None, {}, set()
+        self._linear, self._linear_pending = {}, set()
 
     def per_example(self, k: int, loss_fn: LossFn, batch: Any
                     ) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -194,6 +252,72 @@ class SeedGroup:
         alone: list[Any] = [None] * self.size
         alone[k] = batch
         return self.compute(alone, loss_fn)[k]
+
+    def linear_rows(self, k: int, loss_fn: LossFn, batch: Any) -> LinearRows:
+        """Return seed ``k``'s ``LinearRows`` on ``batch`` (a step's staged batch: computed
+        for every seed at once, then handed out once per seed; any other batch: alone)."""
+        staged = self._staged
+        if (staged is not None and k in self._linear_pending
+                and same_batch(batch, staged[k])):
+            if not self._linear:
+                self._linear = dict(enumerate(self.linear_compute(staged, loss_fn)))
+            self._linear_pending.discard(k)
+            return self._linear.pop(k)
+        alone: list[Any] = [None] * self.size
+        alone[k] = batch
+        return self.linear_compute(alone, loss_fn)[k]
+
+    def linear_compute(self, batches: Sequence[Any], loss_fn: LossFn) -> list[LinearRows]:
+        """Return each seed's ``LinearRows`` from one batched forward and one backward.
+
+        The K seeds' layers run as one batched matrix product each (``torch.baddbmm`` over
+        the stacked weights); one backward of the summed per-example losses with respect to
+        the layers' outputs gives every example's output gradient ``g`` (the losses are
+        independent, so d(sum)/dz_i = dloss_i/dz_i), recorded with each layer's input ``a``.
+        """
+        sizes = [0 if b is None else batch_size(b) for b in batches]
+        rows = max(sizes)
+        template = next(b for b in batches if b is not None)
+        empty = _leaves_map(lambda t: t[:0], template)
+        stacked_batch = _stack_batches([_padded(empty if b is None else b, rows)
+                                        for b in batches])
+        count = self.size
+        x = stacked_batch[0]
+        flat = x.reshape(count * rows, *x.shape[2:])
+        layer_io: list[tuple[torch.Tensor, torch.Tensor]] = []
+        params = dict(zip(self.names, (torch.stack([p[j].detach() for p in self.params])
+                                       for j in range(len(self.names)))))
+
+        def forward(inputs: torch.Tensor) -> torch.Tensor:
+            a = inputs.reshape(count, rows, *inputs.shape[1:])
+            for name, module in self.layers:
+                if isinstance(module, nn.Linear):
+                    weight = params[f"{name}.weight"]
+                    bias = params.get(f"{name}.bias")
+                    z = (torch.baddbmm(bias.unsqueeze(1), a, weight.transpose(1, 2))
+                         if bias is not None else torch.bmm(a, weight.transpose(1, 2)))
+                    if not z.requires_grad:  # the first layer: the graph starts here
+                        z.requires_grad_(True)
+                    layer_io.append((a.detach(), z))
+                    a = z
+                elif isinstance(module, nn.Flatten):
+                    a = a.reshape(count, rows, -1)
+                else:  # an element-wise activation
+                    a = module(a)
+            return a.reshape(count * rows, *a.shape[2:])
+
+        one = type(stacked_batch)([flat, *(t.reshape(count * rows, *t.shape[2:])
+                                           for t in stacked_batch[1:])])
+        losses = loss_fn(forward, one)
+        outputs = [z for _, z in layer_io]
+        grads = torch.autograd.grad(losses.sum(), outputs) if rows else [
+            torch.zeros_like(z) for z in outputs]
+        losses = losses.detach().reshape(count, rows)
+        out = []
+        for k, n in enumerate(sizes):
+            io = [(a[k, :n], g[k, :n]) for (a, _), g in zip(layer_io, grads)]
+            out.append(LinearRows(io, losses[k, :n]))
+        return out
 
     def compute(self, batches: Sequence[Any], loss_fn: LossFn
                 ) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
@@ -237,11 +361,11 @@ def _stack_batches(batches: Sequence[Any]) -> Any:
 
 
 class MemberEngine:
-    """Seed k's engine in a ``SeedGroup`` (mode ``vmap``): materialised per-example
+    """Seed k's engine in a ``SeedGroup`` (mode ``seed_group``): materialised per-example
     gradients from the group's vectorised call, clipped and summed by ``clip_materialised``
     with the seed's own clip factors."""
 
-    mode = "vmap"
+    mode = "seed_group"
     materialises = True
     combines_points_supported = True
     float32_handover = False
@@ -258,8 +382,29 @@ class MemberEngine:
 
     def clipped_sum(self, loss_fn: LossFn, batch: Any, points: Sequence[Point],
                     factors_fn: FactorsFn, observe: Observer | None = None) -> ClippedSum:
-        return clip_materialised(self.per_example, self.params, self.names, loss_fn, batch,
-                                 points, factors_fn, observe)
+        linear = (self.group.layers is not None and observe is None and len(points) == 1
+                  and points[0].weight == 1.0 and points[0].offsets is None)
+        if not linear:  # materialised per-example gradients (vmap), then Algorithm 1
+            return clip_materialised(self.per_example, self.params, self.names, loss_fn,
+                                     batch, points, factors_fn, observe)
+        rows = self.group.linear_rows(self.k, loss_fn, batch)
+        has_bias = self._has_bias()
+        norms = rows.norms(has_bias)
+        kept = kept_examples(norms, [rows.losses]).cpu()
+        loss = rows.losses
+        if not bool(kept.all()):  # a dropped example contributes 0 (its rows zeroed)
+            keep = kept.to(norms.device)
+            rows = LinearRows([(zero_rows(a, keep), zero_rows(g, keep)) for a, g in rows.io],
+                              rows.losses)
+            norms = torch.where(keep, norms, torch.zeros_like(norms))
+            loss = loss[keep]
+        factors = factors_fn(norms)
+        factors = torch.where(kept.to(factors.device), factors, torch.zeros_like(factors))
+        return ClippedSum(rows.sums(factors, has_bias), norms, factors, loss, kept)
+
+    def _has_bias(self) -> list[bool]:
+        layers = self.group.layers or []
+        return [m.bias is not None for _, m in layers if isinstance(m, nn.Linear)]
 
     def close(self) -> None:  # no hooks
         return None

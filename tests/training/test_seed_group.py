@@ -100,7 +100,7 @@ def test_each_seed_equals_its_separate_run(model, mnist_root):
     overrides = _overrides(model, mnist_root)
     grouped, separate = _trainers(overrides), _trainers(overrides)
     group = group_engines(grouped)
-    assert all(t.grad_sample_mode == "vmap" for t in grouped)
+    assert all(t.grad_sample_mode == "seed_group" for t in grouped)
     assert all(t.engine_checks[-1]["when"] == "grouped" for t in grouped)
     # cnn2's max-pooling is not differentiable where two inputs tie: a difference of one
     # rounding error in the weights can move a near-tie's arg max, and with it the gradient,
@@ -109,12 +109,18 @@ def test_each_seed_equals_its_separate_run(model, mnist_root):
 
 
 class _SharedBatch(SeedGroup):
-    """Broken on purpose: every seed is handed the gradients of seed 0's batch."""
+    """Broken on purpose: every seed is handed the gradients of seed 0's batch (on both of
+    the group's paths: the linear closed form and vmap)."""
 
     def per_example(self, k, loss_fn, batch):
         if self._staged is None:
             return super().per_example(k, loss_fn, batch)
         return self.compute([self._staged[0]] * self.size, loss_fn)[k]
+
+    def linear_rows(self, k, loss_fn, batch):
+        if self._staged is None:
+            return super().linear_rows(k, loss_fn, batch)
+        return self.linear_compute([self._staged[0]] * self.size, loss_fn)[k]
 
 
 def test_the_privacy_check_catches_a_shared_batch_or_noise_draw():
