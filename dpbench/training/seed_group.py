@@ -32,14 +32,17 @@ refused in one line naming what (``grouping_refusal``). docs/engine.md#many-seed
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.utils.data import TensorDataset
 
 from dpbench.errors import ConfigError
 from dpbench.training.batches import batch_size
@@ -410,6 +413,35 @@ class MemberEngine:
         return None
 
 
+def epoch_batches(trainer: Any) -> Iterator[Any]:
+    """Return ``trainer.epoch_batches()``'s batches, the same tensors, fetched by indexing.
+
+    For the common case (a ``TensorDataset`` under Opacus's Poisson batch sampler, one
+    process, no worker processes) each batch is ``[t[idx] for t in dataset.tensors]`` with
+    ``idx`` the mask the seed's own sampler draws, which is what the loader's example-by-example
+    fetch and ``default_collate`` build (an empty mask gives the same empty tensors); the
+    loader's own per-epoch draw from the sampler stream is made first, as ``iter(loader)``
+    makes it, and a resumed epoch skips the same draw (``sampling.remaining_batches``).
+    Anything else: the Trainer's own loader.
+    """
+    loader = trainer.train_loader
+    dataset = getattr(loader, "dataset", None)
+    if not (isinstance(dataset, TensorDataset) and loader.num_workers == 0
+            and isinstance(loader.batch_sampler, UniformWithReplacementSampler)
+            and loader.collate_fn is not None and not trainer.collective.distributed):
+        return trainer.epoch_batches()
+    generator, done = trainer.sampler_generator, trainer.epoch_step
+    saved = generator.get_state() if done else None
+    iter(loader)  # the loader's per-epoch draw (its iterator's base seed)
+    if saved is not None:
+        generator.set_state(saved)
+    masks = iter(loader.batch_sampler)
+    if done:
+        masks = itertools.islice(masks, max(trainer.plan.steps_per_epoch - done, 0))
+    tensors = dataset.tensors
+    return ([t[torch.as_tensor(idx, dtype=torch.long)] for t in tensors] for idx in masks)
+
+
 def group_engines(trainers: Sequence[Any]) -> SeedGroup:
     """Return the group of ``trainers`` (each a ``Trainer`` of one seed, built as a separate
     run would be), each seed's engine replaced by its member engine after the per-run check
@@ -440,7 +472,7 @@ def fit_group(trainers: Sequence[Any], group: SeedGroup,
     first, count = trainers[0], len(trainers)
     while first.epoch < first.settings.epochs:
         start = time.perf_counter()
-        for batches in zip(*(t.epoch_batches() for t in trainers), strict=True):
+        for batches in zip(*(epoch_batches(t) for t in trainers), strict=True):
             group.stage(batches, first.device)
             try:
                 for trainer, batch in zip(trainers, batches):

@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from dpbench.experiment import build_trainer
-from dpbench.training.seed_group import SeedGroup, fit_group, group_engines, grouping_refusal
+from dpbench.training.seed_group import (
+    SeedGroup,
+    epoch_batches,
+    fit_group,
+    group_engines,
+    grouping_refusal,
+)
 from tests.helpers.config import compose_config
 from tests.helpers.synthetic import write_mnist_copy
 
@@ -161,6 +167,27 @@ def test_each_seed_draws_its_own_batch_at_every_step():
                 assert a.shape != b.shape or not torch.equal(a, b)
 
 
+@pytest.mark.parametrize("done", [0, 4])
+def test_the_groups_batches_are_the_loaders_batches(done):
+    """The group's fetch by indexing yields the loader's own batches (the same masks from
+    the same stream, the same tensors), over two epochs, from the start or mid-epoch."""
+    overrides = [*_overrides("mlp", None), "trainer.batch_size=4"]  # empty batches occur
+    ours, theirs = _trainers(overrides, seeds=[3]), _trainers(overrides, seeds=[3])
+    for t in (*ours, *theirs):
+        t.epoch_step = done
+    empty = 0
+    for _ in range(2):
+        mine, loaders = list(epoch_batches(ours[0])), list(theirs[0].epoch_batches())
+        assert len(mine) == len(loaders) == ours[0].plan.steps_per_epoch - done
+        for a, b in zip(mine, loaders):
+            assert len(a) == len(b)
+            assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))
+            empty += len(a[0]) == 0
+    assert empty  # an empty Poisson batch was among them
+    assert torch.equal(ours[0].sampler_generator.get_state(),
+                       theirs[0].sampler_generator.get_state())
+
+
 def test_grouping_refuses_in_one_line_naming_what():
     common = dict(method="dpsgd", model="mlp", task="classification", private=True,
                   sampler="poisson", precision="32-true", grad_sample_mode="auto",
@@ -198,3 +225,23 @@ def test_a_group_resumes_from_its_seeds_checkpoints(tmp_path):
     for a, b in zip(expected, results):
         assert a["steps"] == b["steps"] and a["epsilon"] == b["epsilon"]
         assert a["metrics"]["accuracy"] == pytest.approx(b["metrics"]["accuracy"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_sixteen_grouped_seeds_agree_with_sixteen_separate_runs_in_accuracy(capsys):
+    """The demo cell, 16 seeds: the final test accuracies of a group of 16 and of 16 separate
+    runs are one distribution (Welch's two-sample t-test and Mann-Whitney U, both at 5 %)."""
+    from scipy import stats
+
+    overrides = ["trainer.checkpoint=false"]
+    seeds = range(16)
+    grouped = [build_trainer(compose_config(*overrides, f"seed={s}")) for s in seeds]
+    together = [r["metrics"]["accuracy"] for r in fit_group(grouped, group_engines(grouped))]
+    alone = [build_trainer(compose_config(*overrides, f"seed={s}")).fit()["metrics"]["accuracy"]
+             for s in seeds]
+    welch = stats.ttest_ind(together, alone, equal_var=False).pvalue
+    rank = stats.mannwhitneyu(together, alone).pvalue
+    with capsys.disabled():
+        print(f"\n16 seeds: grouped mean accuracy {sum(together) / 16:.4f}, separate "
+              f"{sum(alone) / 16:.4f}; Welch p = {welch:.3f}, Mann-Whitney p = {rank:.3f}")
+    assert welch > 0.05 and rank > 0.05
