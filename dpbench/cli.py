@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.errors import ConfigError
 from dpbench.runners.job import fail, run_job
+from dpbench.runners.seed_groups import grouped_job
 from dpbench.training.distributed import launched_world_size
 from dpbench.utils.io import make_dirs, record_created, remove_created
 
@@ -71,6 +72,8 @@ class RunDirGuard(HydraCallback):
 
 @hydra_entry("config")
 def hydra_main(cfg: DictConfig) -> None:
+    if grouped_job(cfg):  # trainer.seeds_at_once in a sweep: the seeds train in groups
+        return
     run_job(cfg)
 
 

@@ -49,7 +49,8 @@ def test_a_seed_sweep_trains_its_seeds_in_groups_each_in_its_own_folder(tmp_path
         assert record["status"] == "completed"
         assert record["grad_sample_mode"] == "seed_group"
         checks = record["engine_check"]["checks"]
-        assert [(c["when"], c["engine"]) for c in checks] == [("start", "bk"), ("grouped", "seed_group")]
+        assert [(c["when"], c["engine"]) for c in checks] == [("start", "bk"),
+                                                               ("grouped", "seed_group")]
         assert (sweep / next(p.name for p in sweep.iterdir()
                              if p.name.endswith(f"-s{seed}")) / "checkpoint.pt").is_file()
     assert len({r["epsilon"] for r in records.values()}) == 1

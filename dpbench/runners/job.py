@@ -201,10 +201,6 @@ def run_job(cfg: DictConfig) -> dict | None:
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     created = take_created(run_dir)
-    if multirun and cfg.trainer.get("seeds_at_once", 1) != 1:  # the sweep's seeds in groups
-        from dpbench.runners.seed_groups import enlist
-
-        return enlist(cfg, hc, run_dir, created)
     try:
         from_slurm_tasks()  # a SLURM job with K tasks: torchrun's variables from submitit
         collective = init_collective(str(cfg.trainer.get("device", "auto")))

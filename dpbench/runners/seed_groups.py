@@ -1,7 +1,8 @@
 """A ``-m seed=...`` sweep with ``trainer.seeds_at_once=K``: its seeds trained K at a time.
 
 Hydra's basic launcher runs a sweep's jobs one after the other in this process, each in its
-own run folder. With ``seeds_at_once=K > 1`` each job (``enlist``, called by ``run_job``)
+own run folder. With ``seeds_at_once=K > 1`` each job (``enlist``, called through
+``grouped_job`` by the ``dpbench`` entry in place of ``runners.job.run_job``)
 does everything a job does before its first step, for its own folder: the lock, the one pass
 of checks (``spec.build_spec``), the folder's checks, a completed record handed back under
 ``trainer.resume=true``, the grouping's own refusals, its Trainer built as a separate run of
@@ -102,6 +103,22 @@ def grouping_check(cfg: DictConfig, hc: Any, spec: Any) -> None:
         distributed=False)
     if reason is not None:
         raise ConfigError(reason)
+
+
+def grouped_job(cfg: DictConfig) -> bool:
+    """Handle one job of a sweep with ``trainer.seeds_at_once != 1`` (``enlist``) and return
+    True; return False for any other job (``run_job`` runs it)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from dpbench.utils.io import take_created
+
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN or cfg.trainer.get("seeds_at_once", 1) == 1:
+        return False
+    run_dir = Path(hc.runtime.output_dir)
+    enlist(cfg, hc, run_dir, take_created(run_dir))
+    return True
 
 
 def enlist(cfg: DictConfig, hc: Any, run_dir: Path, created: list[Path]) -> dict | None:
