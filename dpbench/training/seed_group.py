@@ -8,17 +8,22 @@ one computation only, the per-example gradients of a step, vectorised over the s
     g_{k,i} = grad_theta loss(theta_k; x_{k,i})   for every seed k and every example i of
     seed k's own Poisson batch,
 
-computed as ``vmap`` over the seeds of ``vmap`` over the examples of ``grad`` of the task's
-per-example loss at the seed's stacked parameters (``torch.func.functional_call``; Opacus's
-functorch path computes the same per-example gradients for one model). Each seed's batch is
+computed for every seed at once in one of two ways. A ``Sequential`` of flatten, linear and
+element-wise layers (logreg, the MLP) takes a closed form (``LinearRows``): one batched
+forward of all seeds and one backward to the layers' outputs; example i's norm and the
+clipped sum come from its layer inputs and output gradients, no per-example gradient held.
+Any other model (cnn2) takes ``vmap`` over the seeds of ``vmap`` over the examples of
+``grad`` of the task's per-example loss at the seeds' stacked parameters
+(``torch.func.functional_call``; Opacus's functorch path computes the same per-example
+gradients for one model), clipped and summed by ``clip_materialised``. Each seed's batch is
 padded to the largest batch of the step and the padded rows are cut off (masked) before
-anything reads them: a seed's clipped sum is formed from its own rows only, by the same
-``clip_materialised`` (Abadi et al. 2016, Algorithm 1: clip, then sum) every materialising
-engine uses, and the noise, the accounting and the update are the seed's own
-``Trainer.train_step`` (``step.private_release``, ``privacy.plan.account_release``,
-``step.apply_release``), unchanged.
+anything reads them: a seed's clipped sum is formed from its own rows only, with its own
+clip factors (Abadi et al. 2016, Algorithm 1: clip, then sum), and the noise, the
+accounting and the update are the seed's own ``Trainer.train_step``
+(``step.private_release``, ``privacy.plan.account_release``, ``step.apply_release``),
+unchanged. Each seed's batches come from its own sampler stream (``epoch_batches``).
 
-The group's engine (``MemberEngine``, mode ``vmap``) replaces the engine each seed's Trainer
+The group's engine (``MemberEngine``, mode ``seed_group``) replaces the engine each seed's Trainer
 chose only after the per-run check (``engine/check.py``) has passed on it for that seed
 (``Trainer.use_engine``), and again after a resume, as for any engine. A step's gradients
 are handed to a seed only for the very batch its sampler drew (compared value by value);
@@ -27,7 +32,8 @@ the same stacked computation.
 
 Supported: the models in ``GROUPABLE_MODELS``, the methods in ``GROUPABLE_METHODS``,
 classification, Poisson sampling, ``32-true`` precision, one process; anything else is
-refused in one line naming what (``grouping_refusal``). docs/engine.md#many-seeds-at-once.
+refused in one line naming what (``grouping_refusal``). docs/engine.md, "Many seeds at
+once".
 """
 
 from __future__ import annotations
