@@ -363,6 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: this thread's CPU time (needs --threads 1 on CPU); on a "
                              "loaded machine it is not inflated by waiting for a core")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="instead of the step tables: seeds per CPU-minute of an N-seed "
+                             "sweep of the demo cell, each seed alone vs --seeds-at-once at "
+                             "a time (fresh dpbench processes; bench_seeds.py)")
+    parser.add_argument("--seeds-at-once", type=int, default=16)
+    parser.add_argument("--seed-rounds", type=int, default=1,
+                        help="rounds of the two sweeps, alternating their order")
     args = parser.parse_args(argv)
     for option, value, least in (("--rounds", args.rounds, 1), ("--reps", args.reps, 1),
                                  ("--warmup", args.warmup, 0), ("--threads", args.threads, 1),
@@ -370,6 +377,19 @@ def main(argv: list[str] | None = None) -> int:
                                  ("--processes", args.processes, 2)):
         if value is not None and value < least:
             parser.error(f"{option} must be at least {least} (got {value})")
+    for option, value in (("--seeds", args.seeds), ("--seeds-at-once", args.seeds_at_once),
+                          ("--seed-rounds", args.seed_rounds)):
+        if value is not None and value < 1:
+            parser.error(f"{option} must be at least 1 (got {value})")
+    if args.seeds:
+        from dpbench.bench_seeds import bench_seeds, print_seeds_table
+
+        load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+        print(f"{time.strftime('%Y-%m-%d %H:%M')}, load average {load[0]:.1f} "
+              f"(cpus {os.cpu_count()}), OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
+        print_seeds_table(args.seeds, args.seeds_at_once,
+                          bench_seeds(args.seeds, args.seeds_at_once, args.seed_rounds))
+        return 0
     if args.device not in ("auto", "cpu") and not args.device.startswith("cuda"):
         parser.error(f"--device must be auto, cpu or cuda[:N] (got {args.device!r})")
     if args.device.startswith("cuda") and not torch.cuda.is_available():

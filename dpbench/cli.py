@@ -28,6 +28,7 @@ from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.errors import ConfigError
 from dpbench.runners.job import run_job
 from dpbench.runners.job_errors import fail
+from dpbench.runners.seed_groups import grouped_job
 from dpbench.training.distributed import launched_world_size
 from dpbench.utils.io import make_dirs, record_created, remove_created
 
@@ -63,9 +64,17 @@ class RunDirGuard(HydraCallback):
             remove_created(created)
             fail(f"cannot write into hydra.sweep.dir={sweep_dir}: {err.strerror or err}")
 
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        # trainer.seeds_at_once: the groups of seeds still waiting train now
+        from dpbench.runners.seed_groups import flush
+
+        flush()
+
 
 @hydra_entry("config")
 def hydra_main(cfg: DictConfig) -> None:
+    if grouped_job(cfg):  # trainer.seeds_at_once in a sweep: the seeds train in groups
+        return
     run_job(cfg)
 
 

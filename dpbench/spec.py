@@ -42,7 +42,8 @@ from dpbench.utils.paths import check_path_values
 
 #: keys that do not change what a run computes (excluded from the resume fingerprint)
 _NOT_FINGERPRINTED = ("logger", "paths", "hydra", "run_name")
-_NOT_FINGERPRINTED_TRAINER = ("resume", "progress", "eval_batch_size", "num_threads")
+_NOT_FINGERPRINTED_TRAINER = ("resume", "progress", "eval_batch_size", "num_threads",
+                              "seeds_at_once")
 #: characters W&B refuses in a project name (it fails only after the run is set up)
 _WANDB_FORBIDDEN = "/\\#?%:"
 

@@ -63,6 +63,7 @@ def test_rounds_report_the_median_of_per_round_ratios_and_their_range():
     (["--reps", "0"], "--reps"), (["--rounds", "0"], "--rounds"), (["--threads", "0"], "--threads"),
     (["--warmup", "-1"], "--warmup"), (["--batch-size", "0"], "--batch-size"),
     (["--device", "nosuch"], "--device"), (["--device", "cuda"], "--device"),
+    (["--seeds", "0"], "--seeds"), (["--seeds", "2", "--seeds-at-once", "0"], "--seeds-at-once"),
 ])
 def test_bad_options_are_one_line_before_any_timing(argv, key, capsys):
     if argv == ["--device", "cuda"] and torch.cuda.is_available():
@@ -106,3 +107,17 @@ def test_bench_method_table_and_vit_rows(capsys):
     out = capsys.readouterr().out
     assert "| vit_small | dpbench bk | 2 |" in out
     assert "| fiber_cpu | fiber | bk | 2 |" in out and "/ dpadamw bk |" in out
+
+
+def test_the_seeds_table_reports_seeds_per_cpu_minute_and_the_median_ratio(capsys):
+    from dpbench.bench_seeds import print_seeds_table
+
+    rounds = [{"cpu_1": 60.0, "wall_1": 70.0, "cpu_16": 20.0, "wall_16": 25.0},
+              {"cpu_1": 64.0, "wall_1": 75.0, "cpu_16": 32.0, "wall_16": 40.0}]
+    print_seeds_table(16, 16, rounds)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| demo")]
+    assert len(rows) == 2
+    assert "| 1 | 16 | 62.0 |" in rows[0] and "| 15.48 | 1.00x" in rows[0]
+    # median CPU 26 s: 16 seeds * 60 / 26 = 36.92 per CPU-minute; 62 / 26 = 2.38x; per-round
+    # ratios 3.00 and 2.00
+    assert "| 16 | 16 | 26.0 |" in rows[1] and "| 36.92 | 2.38x (2.00-3.00) |" in rows[1]

@@ -117,9 +117,13 @@ class TrainerConfig:
     cache_frozen_prefix: str = "auto"  # auto | on | off: train on cached frozen-prefix outputs
     precision: str = PRECISIONS[0]  # 32-true | bf16-mixed (a bf16 forward, float32 mechanism)
     sampler: str = DEFAULT_SAMPLER  # poisson | fixed_size | shuffle (docs/sampling.md)
+    #: a ``-m seed=...`` sweep trains its seeds in groups of this many, in one vectorised
+    #: process (training/seed_group.py); 1: each seed alone
+    seeds_at_once: int = 1
 
     def __post_init__(self) -> None:
         check_sampler(self.sampler)
+        int_at_least("trainer.seeds_at_once", self.seeds_at_once, 1)
         int_at_least("trainer.epochs", self.epochs, 1)
         require(self.batch_size >= 1, "trainer.batch_size", ">= 1", self.batch_size)
         require(self.max_physical_batch_size is None or self.max_physical_batch_size >= 1,

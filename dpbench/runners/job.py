@@ -45,7 +45,7 @@ from dpbench.utils.threads import apply_threads, torch_threads
 log = logging.getLogger("dpbench")
 
 
-def _callbacks(cfg: DictConfig, run_dir: Path, sweep_name: str | None) -> list:
+def run_callbacks(cfg: DictConfig, run_dir: Path, sweep_name: str | None) -> list:
     """Return the sinks of rank 0: results.json, the reliability diagram, progress, W&B."""
     from dpbench.logging.progress import ProgressBar
     from dpbench.logging.reliability import ReliabilityDiagram
@@ -159,7 +159,7 @@ def _run_worker(cfg: DictConfig, hc: Any, multirun: bool, collective: Collective
         watch.release()
 
 
-def _resume(trainer: Any) -> None:
+def resume_trainer(trainer: Any) -> None:
     """Load the run dir's checkpoint when resuming; any failure to read it is one DataError."""
     try:
         trainer.maybe_resume()
@@ -216,7 +216,7 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
                       f"({relation})")
                 return record
         threads = apply_threads(spec.trainer.num_threads, hc)  # k parallel jobs share cores
-        callbacks = _callbacks(cfg, run_dir, Path(hc.sweep.dir).name if multirun else None)
+        callbacks = run_callbacks(cfg, run_dir, Path(hc.sweep.dir).name if multirun else None)
     except expected as err:
         return refuse(err)
     watch = PreemptionWatch()
@@ -226,7 +226,7 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
 
     def ready(trainer: Any) -> None:
         nonlocal handler, training, trains_from
-        _resume(trainer)  # a checkpoint of another config fails here, writing nothing
+        resume_trainer(trainer)  # a checkpoint of another config fails here, writing nothing
         handler = open_run_files(cfg, run_dir)
         logging.getLogger().addHandler(handler)
         for note in trainer.data.notes:

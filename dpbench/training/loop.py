@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 
 from dpbench.config.schema import PrivacyConfig, TrainerConfig
 from dpbench.data.base import TaskData
+from dpbench.errors import ConfigError
 from dpbench.methods.base import DPMethod, HeldOut, Released, RunInfo, StepContext, Update
 from dpbench.privacy import PrivacyAccountant, PrivacyLedger
 from dpbench.privacy.plan import PrivacyPlan, account_release, plan_privacy, step_plan
@@ -291,43 +292,93 @@ class Trainer:
         """Train for the planned epochs (continuing a resumed run); return the run summary.
 
         ``stop`` (e.g. ``PreemptionWatch.requested``) is polled after every whole step; when
-        it holds on any rank, the run checkpoints that step and raises ``Preempted``.
+        it holds on any rank, the run checkpoints that step and raises ``Preempted``. The
+        pieces (``begin``, ``epoch_batches``, ``train_step``, ``end_step``, ``end_epoch``,
+        ``finish``) are public so that a group of runs can be driven in lockstep
+        (``training/seed_group.py``); this is the one order they run in.
         """
+        self.begin()
+        while self.epoch < self.settings.epochs:
+            start = time.perf_counter()
+            for batch in self.epoch_batches():
+                self.end_step(self.train_step(batch))
+                if stop is not None and self.collective.any(stop(), self.device):
+                    self.pause(time.perf_counter() - start)
+                    raise self.preempted()
+            self.end_epoch(time.perf_counter() - start)
+        return self.finish()
+
+    def begin(self) -> None:
+        """Resume (when ``trainer.resume``), check a resumed engine again, start the callbacks."""
         self.maybe_resume()
         self.checkpoint.sync_from_main(self)
         if self.checkpoint.resumed and self.plan.private and not self._resume_verified:
             # the resumed weights and this process's engine: checked again before releasing
-            record_check(self.engine_checks, self._verifier().check(self.engine), "resume",
-                         step=self.step)
+            self.check_engine("resume")
             self._resume_verified = True
         self._emit("on_run_start", epsilon=self.epsilon)
         self.model.train()
-        while self.epoch < self.settings.epochs:
-            start = time.perf_counter()
-            for batch in remaining_batches(self.train_loader, self.sampler_generator,
-                                           self.epoch_step, self.plan.steps_per_epoch):
-                metrics = self.train_step(batch)
-                self.epoch_step += 1
-                self._emit("on_step_end", metrics)
-                every = self.settings.eval_every_steps
-                if every and self.step % every == 0:
-                    self.step_history.append({"step": self.step, "epsilon": self.epsilon(),
-                                              **self._evaluated({"step": self.step})})
-                if stop is not None and self.collective.any(stop(), self.device):
-                    self.wall_time_s += time.perf_counter() - start
-                    self.checkpoint.save(self)
-                    raise Preempted(f"preempted at step {self.step} (epoch {self.epoch}); "
-                                    "its checkpoint is saved: run again with "
-                                    "trainer.resume=true to continue")
-            self.epoch, self.epoch_step = self.epoch + 1, 0
-            self.wall_time_s += time.perf_counter() - start
-            row: dict[str, Any] = {"epoch": self.epoch, "step": self.step,
-                                   "epsilon": self.epsilon()}
-            if self.epoch == self.settings.epochs or self.epoch % self.settings.eval_every == 0:
-                row.update(self._evaluated({"epoch": self.epoch, "step": self.step}))
-            self.history.append(row)
-            self.checkpoint.save(self)
-            self._emit("on_epoch_end", row, epsilon=lambda r=row: r["epsilon"])
+
+    def check_engine(self, when: str) -> None:
+        """Run the per-run check (``engine/check.py``) on the current engine and record it;
+        a failed check refuses the run (``ConfigError``) before any release."""
+        record_check(self.engine_checks, self._verifier().check(self.engine), when,
+                     step=self.step)
+
+    def use_engine(self, engine: Engine, when: str) -> None:
+        """Replace the checked engine by ``engine`` (a seed group's member engine) before
+        ``fit`` (or ``begin``), checked first by the per-run check at the current weights: the
+        run releases only from an engine that passed it. The engine it replaces is closed
+        (its hooks removed)."""
+        if not self.plan.private:
+            raise ConfigError("an engine is replaced only in a private run")
+        previous, self.engine = self.engine, engine
+        try:
+            self.check_engine(when)
+        except ConfigError:
+            self.engine = previous
+            raise
+        previous.close()
+        self.grad_sample_mode = engine.mode
+
+    def epoch_batches(self) -> Iterator[Any]:
+        """Return the current epoch's remaining batches, from the run's own sampler stream."""
+        return remaining_batches(self.train_loader, self.sampler_generator, self.epoch_step,
+                                 self.plan.steps_per_epoch)
+
+    def end_step(self, metrics: dict[str, Any]) -> None:
+        """After a step: the step callbacks and the every-k-steps evaluation."""
+        self.epoch_step += 1
+        self._emit("on_step_end", metrics)
+        every = self.settings.eval_every_steps
+        if every and self.step % every == 0:
+            self.step_history.append({"step": self.step, "epsilon": self.epsilon(),
+                                      **self._evaluated({"step": self.step})})
+
+    def pause(self, seconds: float) -> None:
+        """Checkpoint a whole step for a preemption (``seconds``: this epoch's time so far)."""
+        self.wall_time_s += seconds
+        self.checkpoint.save(self)
+
+    def preempted(self) -> Preempted:
+        """Return the ``Preempted`` a paused run raises."""
+        return Preempted(f"preempted at step {self.step} (epoch {self.epoch}); its checkpoint "
+                         "is saved: run again with trainer.resume=true to continue")
+
+    def end_epoch(self, seconds: float) -> None:
+        """At an epoch's end (``seconds``: its time): epsilon, evaluation, checkpoint."""
+        self.epoch, self.epoch_step = self.epoch + 1, 0
+        self.wall_time_s += seconds
+        row: dict[str, Any] = {"epoch": self.epoch, "step": self.step,
+                               "epsilon": self.epsilon()}
+        if self.epoch == self.settings.epochs or self.epoch % self.settings.eval_every == 0:
+            row.update(self._evaluated({"epoch": self.epoch, "step": self.step}))
+        self.history.append(row)
+        self.checkpoint.save(self)
+        self._emit("on_epoch_end", row, epsilon=lambda r=row: r["epsilon"])
+
+    def finish(self) -> dict[str, Any]:
+        """Return the run summary, handed to the callbacks' ``on_run_end`` first."""
         result = self.summary()
         self._emit("on_run_end", result, epsilon=lambda: result["epsilon"])
         return result
