@@ -163,6 +163,16 @@ class UserLevel:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def check(self, sampler: str = DEFAULT_SAMPLER, accountant: str | None = None,
+              neighbouring: str | None = None) -> tuple[str, str]:
+        """Return (relation, accountant) of this strategy (``check_user_level``)."""
+        return check_user_level(self.strategy, sampler, accountant, neighbouring)
+
+    def epsilon(self, history: Iterable[Group], delta: float, accountant: str | None = None,
+                neighbouring: str | None = None) -> float:
+        """Return the user-level epsilon of a (sigma, q, steps) history (``user_epsilon``)."""
+        return user_epsilon(self, history, delta, accountant, neighbouring)
+
 
 def check_unit(unit: Any) -> str:
     """Return ``unit`` or raise a one-line ConfigError naming ``privacy.unit``."""
