@@ -99,9 +99,9 @@ from dpbench.privacy.accountant_pld import (
     BASE_POINTS_CAP,
     LADDER,
     RESOLUTION,
-    TAIL_MASS,
     Group,
     canonical_groups,
+    composed_epsilon,
     interval_for,
 )
 from dpbench.privacy.calibration import calibrate_noise_multiplier
@@ -363,12 +363,8 @@ def _mixture_pld(sigma: float, q: float, k: int, interval: float) -> Any:
 
 
 def _els_compose(groups: tuple[Group, ...], k: int, interval: float, delta: float) -> float:
-    composed = None
-    for sigma, q, steps in groups:
-        part = _mixture_pld(sigma, q, k, interval).self_compose(
-            steps, tail_mass_truncation=TAIL_MASS)
-        composed = part if composed is None else composed.compose(part, TAIL_MASS)
-    return max(float(composed.get_epsilon_for_delta(delta)), 0.0)
+    return composed_epsilon(((_mixture_pld(sigma, q, k, interval), steps)
+                             for sigma, q, steps in groups), delta)
 
 
 @functools.lru_cache(maxsize=1024)
