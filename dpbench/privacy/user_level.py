@@ -76,7 +76,9 @@ API (stable; the training integration builds on it):
 - ``calibrate_user_noise_multiplier(strategy, target, delta, rate, steps, k, accountant,
   neighbouring) -> (sigma, accountant)``;
 - ``UserLevel(strategy, k)``: what ``PrivacyAccountant(..., user=UserLevel(...))`` needs to
-  report user-level epsilons (its ``check`` and ``epsilon``; carried in its state dict).
+  report user-level epsilons (its ``check`` and ``epsilon``; carried in its state dict);
+- ``user_plan.plan_user_privacy(privacy, trainer, num_users, num_examples)`` -> (plan,
+  user): the run's rate, steps, delta (< 1/U) and sigma before training.
 """
 
 from __future__ import annotations
