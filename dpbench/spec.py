@@ -36,6 +36,7 @@ from dpbench.errors import ConfigError
 from dpbench.methods import get_method
 from dpbench.models import MODELS
 from dpbench.privacy.samplers import resolve_sampling, with_settled_accountant
+from dpbench.privacy.user_level import check_user_level
 from dpbench.tune.choices import apply_tuned
 from dpbench.utils.conf import without_added_defaults
 from dpbench.utils.paths import check_path_values
@@ -130,6 +131,18 @@ def check_evaluation(evaluation: Any) -> None:
         raise ConfigError(f"evaluation.validation_fraction must be in (0, 1) (got {fraction})")
 
 
+def check_user_unit(privacy: PrivacyConfig, trainer: TrainerConfig) -> None:
+    """Refuse ``privacy.unit=user`` where its strategy has no accountant for the sampler,
+    relation and accountant (``privacy/user_level.py``), and, until the loop trains at the
+    user level (a user-level batch sampler, per-user clipping), refuse it altogether: an
+    example-level run must never be reported under the user unit."""
+    check_user_level(privacy.user_strategy, trainer.sampler, privacy.accountant,
+                     privacy.neighbouring)
+    raise ConfigError("privacy.unit=user is accounted (dpbench/privacy/user_level.py) but the "
+                      "training loop does not yet sample users or clip per user; use "
+                      "privacy.unit=example")
+
+
 def build_spec(cfg: DictConfig) -> RunSpec:
     """Return the validated ``RunSpec`` of a composed config; ConfigError naming the key.
 
@@ -144,6 +157,8 @@ def build_spec(cfg: DictConfig) -> RunSpec:
     method = get_method(cfg.method.name)
     check_privacy_matches_method(cfg.method.name, method.private, privacy)
     # the sampler, relation and accountant agree (docs/sampling.md), before any data is read
+    if privacy.unit == "user" and privacy.enabled and method.private:
+        check_user_unit(privacy, trainer)
     resolve_sampling(trainer.sampler, privacy.neighbouring, privacy.accountant,
                      privacy.enabled and method.private)
     optimizer = cfg.method.get("optimizer")
