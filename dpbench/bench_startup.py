@@ -15,8 +15,8 @@ and the CPU seconds of ``--help`` and of the sweep, which a shared machine infla
 wall time. ``--profile`` instead profiles the sweep (``cProfile``, wall clock) and prints the
 shares of training, imports and Hydra's compositions.
 
-    python scripts/startup_cost.py --seeds 16
-    python scripts/startup_cost.py --seeds 4 --profile
+    python -m dpbench.bench_startup --seeds 16
+    python -m dpbench.bench_startup --seeds 4 --profile
 """
 
 from __future__ import annotations
