@@ -20,6 +20,7 @@ from torch import nn
 
 from dpbench.errors import ConfigError
 from dpbench.training.engine.opacus_wrapped import OpacusWrapped
+from dpbench.training.engine.per_user import clip_per_user
 from dpbench.training.engine.protocol import (
     ClippedSum,
     FactorsFn,
@@ -45,6 +46,7 @@ class MaterialisedEngine(OpacusWrapped):
     materialises = True
     combines_points_supported = True
     float32_handover = True
+    per_user_supported = True
     #: vmap over every layer instead of Opacus's per-layer samplers
     force_functorch = False
 
@@ -82,6 +84,13 @@ class MaterialisedEngine(OpacusWrapped):
         """The protocol's call, from the materialised gradients (``clip_materialised``)."""
         return clip_materialised(self.per_example, self.params, self.names, loss_fn, batch,
                                  points, factors_fn, observe)
+
+    def clipped_user_sum(self, loss_fn: LossFn, batch: Any, users: torch.Tensor,
+                         points: Sequence[Point], factors_fn: FactorsFn) -> ClippedSum:
+        """Per-user clipping (``per_user.clip_per_user``): each user's gradient sum is
+        formed from the materialised rows before its norm is clipped."""
+        return clip_per_user(self.per_example, self.params, loss_fn, batch, users, points,
+                             factors_fn)
 
 
 @register_engine

@@ -59,6 +59,9 @@ class Engine(Protocol):
     combines_points_supported: bool
     #: whether it hands norms and sums over in the parameters' float32 (bf16-mixed runs)
     float32_handover: bool
+    #: whether ``clipped_user_sum`` forms each user's gradient sum before its norm
+    #: (privacy.unit=user, user-level sampling: ``per_user.py``)
+    per_user_supported: bool
     #: the run combines several evaluation points (the per-run check checks that path too)
     combines_points: bool
     params: list[nn.Parameter]
@@ -69,6 +72,9 @@ class Engine(Protocol):
 
     def per_example(self, loss_fn: LossFn, batch: Any) -> tuple[list[torch.Tensor],
                                                                  torch.Tensor]: ...
+
+    def clipped_user_sum(self, loss_fn: LossFn, batch: Any, users: torch.Tensor,
+                         points: Sequence[Point], factors_fn: FactorsFn) -> ClippedSum: ...
 
     def close(self) -> None: ...
 
