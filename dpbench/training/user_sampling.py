@@ -34,7 +34,6 @@ from torch.utils.data._utils.collate import default_collate
 
 #: how the k examples of a user over the cap are chosen (the only choice offered)
 CAP_CHOICE = "uniform_random_once"
-ULS, ELS = "uls", "els"
 
 
 def capped_rows(users: np.ndarray | torch.Tensor, k: int, seed: Any) -> np.ndarray:

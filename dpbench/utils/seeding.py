@@ -41,6 +41,7 @@ STREAMS: tuple[str, ...] = (
     "mia_model",  # the run seed of each model dpbench-mia trains (indexed by model)
     "mia_split",  # which pool examples train each dpbench-mia model (indexed by model)
     "mia_metrics",  # dpbench-mia's bootstrap and held-out threshold halves
+    "user_cap",  # privacy.unit=user: which k rows of a user over the cap are kept (once)
 )
 
 
