@@ -120,14 +120,23 @@ class PrivacyAccountant:
     The history is the whole state, so ``load_state_dict`` continues the same accountant.
     Epsilons are memoised per (history, delta) and computed per distinct (sigma, q) group.
     ``sampling``: the batch sampler the steps ran under (``samplers.py``; Poisson if None),
-    which decides the events the history is accounted as.
+    which decides the events the history is accounted as. ``user``: a user-level run's
+    strategy and k (``user_level.UserLevel``; None: example-level), whose history is
+    (sigma, q, steps) with q the rate over users (ULS) or over the kept examples (ELS), and
+    whose epsilon is user-level (``user_level.user_epsilon``).
     """
 
     def __init__(self, mechanism: str = DEFAULT_ACCOUNTANT,
-                 sampling: Sampling | None = None) -> None:
+                 sampling: Sampling | None = None, user: Any = None) -> None:
         check_accountant(mechanism)
         self.mechanism = mechanism
         self.sampling = sampling or Sampling()
+        self.user = user
+        if user is not None:  # refuse a strategy this accountant or relation cannot read
+            from dpbench.privacy.user_level import check_user_level
+
+            check_user_level(user.strategy, self.sampling.sampler, mechanism,
+                             self.sampling.neighbouring)
         self.history: list[tuple[float, float, int]] = []
 
     def step(self, noise_multiplier: float, sample_rate: float, count: int = 1) -> None:
@@ -146,6 +155,11 @@ class PrivacyAccountant:
         """Return epsilon spent so far (0 before any step); PRV falls back to PLD, logged."""
         if not self.history:
             return 0.0
+        if self.user is not None:
+            from dpbench.privacy.user_level import user_epsilon
+
+            return user_epsilon(self.user, self.history, delta, self.mechanism,
+                                self.sampling.neighbouring)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -159,11 +173,21 @@ class PrivacyAccountant:
             return sampling_epsilon(self.sampling, "pld", self.history, delta, epsilon)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"mechanism": self.mechanism, "history": list(self.history),
-                "sampling": self.sampling.to_json()}
+        state = {"mechanism": self.mechanism, "history": list(self.history),
+                 "sampling": self.sampling.to_json()}
+        if self.user is not None:  # example-level checkpoints stay as they were
+            state["user"] = self.user.to_json()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_accountant(state["mechanism"])
+        saved_user = state.get("user")
+        mine = self.user.to_json() if self.user is not None else None
+        if saved_user != mine:
+            raise ConfigError(f"the checkpoint's accountant ran at privacy unit "
+                              f"{saved_user or 'example'}, not this run's {mine or 'example'}; "
+                              "resume with the same privacy.unit, privacy.user_strategy and "
+                              "privacy.max_examples_per_user")
         saved = Sampling(**state["sampling"]) if state.get("sampling") else None
         plain = saved is None and self.sampling.ledger_spec() is None
         if saved != self.sampling and not plain:

@@ -45,7 +45,7 @@ def _first_guess(target_epsilon: float, delta: float, sample_rate: float, steps:
 
 def calibrate_noise_multiplier(
     target_epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str,
-    sampling: Sampling | None = None,
+    sampling: Sampling | None = None, spend: Callable[[float], float] | None = None,
 ) -> tuple[float, str]:
     """Return (sigma, accountant used) so that ``steps`` steps at rate q spend <= target_epsilon.
 
@@ -58,6 +58,10 @@ def calibrate_noise_multiplier(
 
     ``sampling``: a sampler other than Poisson (``samplers.py``) is calibrated directly with
     the accountant that will report it, on its own events.
+
+    ``spend(sigma) -> epsilon``: a mechanism whose epsilon is not the Poisson-subsampled
+    Gaussian's at (q, steps), e.g. user-level ELS (``user_level.py``), calibrated directly
+    on it (``accountant`` names what reports it).
     """
     check_accountant(accountant)
     if not (0 < target_epsilon < math.inf and 0 < delta < 1 and 0 < sample_rate <= 1
@@ -65,6 +69,8 @@ def calibrate_noise_multiplier(
         raise ConfigError(f"privacy.target_epsilon={target_epsilon} cannot be calibrated "
                           f"(delta={delta}, q={sample_rate}, steps={steps})")
     args = (target_epsilon, delta, sample_rate, steps)
+    if spend is not None:
+        return _calibrate(*args, accountant, None, spend), accountant
     if sampling is not None and not sampling.plain:
         def spend(sigma: float) -> float:
             return sampling_epsilon(sampling, accountant, [(sigma, sample_rate, steps)], delta,
