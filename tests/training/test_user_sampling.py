@@ -12,9 +12,9 @@ from torch.utils.data import TensorDataset
 from dpbench.training.user_sampling import (
     UserPoissonSampler,
     capped_rows,
+    uls_loader,
     user_facts,
     user_groups,
-    uls_loader,
 )
 from dpbench.utils.seeding import stream_seed
 
