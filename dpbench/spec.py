@@ -36,6 +36,9 @@ from dpbench.errors import ConfigError
 from dpbench.methods import get_method
 from dpbench.models import MODELS
 from dpbench.privacy.samplers import resolve_sampling, with_settled_accountant
+from dpbench.privacy.user_level import check_user_level
+from dpbench.training.engine.per_user import per_user_refusal
+from dpbench.training.user_unit import check_user_method
 from dpbench.tune.choices import apply_tuned
 from dpbench.utils.conf import without_added_defaults
 from dpbench.utils.paths import check_path_values
@@ -129,6 +132,19 @@ def check_evaluation(evaluation: Any) -> None:
         raise ConfigError(f"evaluation.validation_fraction must be in (0, 1) (got {fraction})")
 
 
+def check_user_unit(privacy: PrivacyConfig, trainer: TrainerConfig, method_name: str) -> None:
+    """Refuse ``privacy.unit=user`` in one line naming the key, before any data is read: a
+    strategy without an accountant for the sampler, relation and accountant
+    (``privacy/user_level.py``), a method not verified under the user unit, or (user-level
+    sampling, which clips each user's gradient sum) an engine that forms per-example norms
+    only (``training/engine/per_user.py``)."""
+    check_user_level(privacy.user_strategy, trainer.sampler, privacy.accountant,
+                     privacy.neighbouring)
+    check_user_method(method_name)
+    if privacy.user_strategy == "uls" and trainer.grad_sample_mode in ("bk", "ghost"):
+        raise ConfigError(per_user_refusal(trainer.grad_sample_mode))
+
+
 def build_spec(cfg: DictConfig) -> RunSpec:
     """Return the validated ``RunSpec`` of a composed config; ConfigError naming the key.
 
@@ -143,6 +159,8 @@ def build_spec(cfg: DictConfig) -> RunSpec:
     method = get_method(cfg.method.name)
     check_privacy_matches_method(cfg.method.name, method.private, privacy)
     # the sampler, relation and accountant agree (docs/sampling.md), before any data is read
+    if privacy.unit == "user" and privacy.enabled and method.private:
+        check_user_unit(privacy, trainer, cfg.method.name)
     resolve_sampling(trainer.sampler, privacy.neighbouring, privacy.accountant,
                      privacy.enabled and method.private)
     optimizer = cfg.method.get("optimizer")

@@ -17,6 +17,14 @@ from omegaconf import OmegaConf
 from dpbench.errors import ConfigError
 from dpbench.privacy.accountant import check_accountant
 from dpbench.privacy.samplers import DEFAULT_SAMPLER, check_neighbouring, check_sampler
+from dpbench.privacy.user_level import (
+    DEFAULT_MAX_EXAMPLES_PER_USER,
+    DEFAULT_STRATEGY,
+    DEFAULT_UNIT,
+    check_max_examples_per_user,
+    check_strategy,
+    check_unit,
+)
 from dpbench.utils.conf import GRAD_SAMPLE_MODES, PRECISIONS, REFUSED_PRECISIONS
 from dpbench.utils.ranges import (
     in_range,
@@ -59,9 +67,20 @@ class PrivacyConfig:
     noise_multiplier: float | None = None  # fixed sigma instead of a target epsilon
     #: add_remove | replace_one | zero_out | null (the sampler's own): docs/sampling.md
     neighbouring: str | None = None
+    #: what one epsilon protects: example | user (all of one user's records; the data set's
+    #: user partition, ``dataset.users``); docs/privacy-unit-and-streams.md
+    unit: str = DEFAULT_UNIT
+    #: under unit=user: uls (Poisson over users, per-user clipping) | els (Poisson over
+    #: examples, at most max_examples_per_user a user kept); ``privacy/user_level.py``
+    user_strategy: str = DEFAULT_STRATEGY
+    #: k: the most examples of one user a step uses (uls) or the data set keeps (els)
+    max_examples_per_user: int = DEFAULT_MAX_EXAMPLES_PER_USER
 
     def __post_init__(self) -> None:
         check_neighbouring(self.neighbouring)
+        check_unit(self.unit)
+        check_strategy(self.user_strategy)
+        check_max_examples_per_user(self.max_examples_per_user)
         if not self.enabled:
             ignored = [f"privacy.{k}={v!r}" for k, v in (
                 ("target_epsilon", self.target_epsilon),
@@ -185,6 +204,9 @@ def check_dataset(settings: dict[str, Any]) -> None:
     for key in _DATASET_SIZES:
         if key in settings:
             int_at_least(f"dataset.{key}", settings[key], 1, allow_none=True)
+    from dpbench.data.users import users_config  # the data layer (torch) only when checking
+
+    users_config(settings)  # the user partition's keys (dpbench/data/users.py)
 
 
 def _numbers(prefix: str, node: Any):

@@ -123,7 +123,7 @@ class PrivacyAccountant:
     which decides the events the history is accounted as. ``user``: a user-level run's
     strategy and k (``user_level.UserLevel``; None: example-level), whose history is
     (sigma, q, steps) with q the rate over users (ULS) or over the kept examples (ELS), and
-    whose epsilon is user-level (``user_level.user_epsilon``).
+    whose epsilon is user-level (its ``check`` and ``epsilon``: ``user_level.user_epsilon``).
     """
 
     def __init__(self, mechanism: str = DEFAULT_ACCOUNTANT,
@@ -133,10 +133,7 @@ class PrivacyAccountant:
         self.sampling = sampling or Sampling()
         self.user = user
         if user is not None:  # refuse a strategy this accountant or relation cannot read
-            from dpbench.privacy.user_level import check_user_level
-
-            check_user_level(user.strategy, self.sampling.sampler, mechanism,
-                             self.sampling.neighbouring)
+            user.check(self.sampling.sampler, mechanism, self.sampling.neighbouring)
         self.history: list[tuple[float, float, int]] = []
 
     def step(self, noise_multiplier: float, sample_rate: float, count: int = 1) -> None:
@@ -156,10 +153,8 @@ class PrivacyAccountant:
         if not self.history:
             return 0.0
         if self.user is not None:
-            from dpbench.privacy.user_level import user_epsilon
-
-            return user_epsilon(self.user, self.history, delta, self.mechanism,
-                                self.sampling.neighbouring)
+            return self.user.epsilon(self.history, delta, self.mechanism,
+                                     self.sampling.neighbouring)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

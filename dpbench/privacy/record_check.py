@@ -207,7 +207,8 @@ def _ledger_sampling(record: Mapping[str, Any], ledger: list[dict[str, Any]],
     return sampling
 
 
-def _check_convention(record: Mapping[str, Any], sampling: Any, what: str) -> None:
+def _check_convention(record: Mapping[str, Any], sampling: Any, what: str,
+                      user: Any = None) -> None:
     """Refuse a record whose ``mechanism.convention`` (or ``mechanism.neighbouring``) is not
     the one its ledger's sampler and relation state (``samplers.convention``): a reader
     following it would double-count or halve the replace-one factor 2. Records written
@@ -218,6 +219,10 @@ def _check_convention(record: Mapping[str, Any], sampling: Any, what: str) -> No
     if not isinstance(mechanism, Mapping):
         return
     expected = convention(sampling or Sampling())
+    if user is not None:  # a user-level record: its strategy's reading (user_level.py)
+        from dpbench.privacy.user_level import user_convention
+
+        expected = user_convention(user, (sampling or Sampling()).neighbouring)
     stated = mechanism.get("convention")
     if stated is not None and stated != expected:
         raise LedgerMismatch(
@@ -355,7 +360,7 @@ def _checked_ledger(record: Mapping[str, Any], ledger: Any, what: str
     if not 0 < delta < 1:
         raise LedgerMismatch(f"{what}: delta {delta!r} is not in (0, 1)")
     sampling = _ledger_sampling(record, ledger, what)
-    _check_convention(record, sampling, what)
+    _check_convention(record, sampling, what, _record_user(record, what))
     return ledger, steps, delta, sampling
 
 

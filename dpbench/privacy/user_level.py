@@ -16,9 +16,10 @@ User-Level Differential Privacy", Sec. 3), each with its own accountant here:
   accounted by any accountant the example-level Poisson sampler offers (pld, prv, rdp;
   replace-one: pld only). k does not enter the accounting.
 - **ELS** (example-level sampling with a per-user bound): each user keeps at most k of its
-  examples (the rest are dropped before training, a data-independent choice: the first k in
-  a fixed order, ``dpbench/data/users.py``), then each step samples every kept *example*
-  with probability q = B / N_kept and clips each example's gradient to C (plain DP-SGD).
+  examples (the rest are dropped before training, a data-independent choice: k at random
+  from a seeded stream, ``data/users.py``'s ``capped_indices``), then each step samples
+  every kept *example* with probability q = B / N_kept and clips each example's gradient
+  to C (plain DP-SGD).
   Removing one user removes j <= k sampled examples, j ~ Binomial(k, q) independently per
   step, each moving the sum by at most C, in the worst case in one direction. Per step the
   pair of output laws is dominated by the scalar mixture of Gaussians (Charles et al. 2024,
@@ -59,6 +60,23 @@ The combinations offered (``valid_combinations``) are checked by ``check_user_le
 which refuses any other in one line naming the key. Calibration to a target epsilon goes
 through the project's ``calibrate_noise_multiplier`` (``calibrate_user_noise_multiplier``).
 See docs/privacy-unit-and-streams.md.
+
+API (stable; the training integration builds on it):
+
+- ``UNITS``, ``STRATEGIES``, ``check_unit``, ``check_strategy``,
+  ``check_max_examples_per_user``: the config keys' values and one-line checks;
+- ``valid_combinations()``, ``check_user_level(strategy, sampler, accountant, neighbouring)
+  -> (relation, accountant)``: what is offered, defaults filled in, the rest refused;
+- ``uls_event(user_rate, sigma, steps)``, ``els_event(example_rate, sigma, steps, k)``,
+  ``user_dp_event(user, history)``, ``user_convention(user, relation)``: the dp-accounting
+  events of a run (results.json's ``mechanism.event``) and how to read them;
+- ``uls_epsilon``, ``els_epsilon`` / ``els_accounting``, ``user_epsilon(user, history,
+  delta, accountant, neighbouring)``, ``group_privacy_epsilon(example_rate, sigma, steps, k,
+  delta)``: the epsilons;
+- ``calibrate_user_noise_multiplier(strategy, target, delta, rate, steps, k, accountant,
+  neighbouring) -> (sigma, accountant)``;
+- ``UserLevel(strategy, k)``: what ``PrivacyAccountant(..., user=UserLevel(...))`` needs to
+  report user-level epsilons (its ``check`` and ``epsilon``; carried in its state dict).
 """
 
 from __future__ import annotations
@@ -73,8 +91,6 @@ import numpy as np
 
 from dpbench.errors import ConfigError
 from dpbench.privacy.accountant import (
-    NOISE_MULTIPLIER_MAX,
-    NOISE_MULTIPLIER_MIN,
     check_accountant,
     compose_epsilon,
     epsilon,
@@ -162,6 +178,16 @@ class UserLevel:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def check(self, sampler: str = DEFAULT_SAMPLER, accountant: str | None = None,
+              neighbouring: str | None = None) -> tuple[str, str]:
+        """Return (relation, accountant) of this strategy (``check_user_level``)."""
+        return check_user_level(self.strategy, sampler, accountant, neighbouring)
+
+    def epsilon(self, history: Iterable[Group], delta: float, accountant: str | None = None,
+                neighbouring: str | None = None) -> float:
+        """Return the user-level epsilon of a (sigma, q, steps) history (``user_epsilon``)."""
+        return user_epsilon(self, history, delta, accountant, neighbouring)
 
 
 def check_unit(unit: Any) -> str:
@@ -267,6 +293,23 @@ def user_dp_event(user: UserLevel, history: Iterable[Group]) -> Any:
     return ev.ComposedDpEvent([make(q, s, n) for s, q, n in history if n > 0 and q > 0])
 
 
+def user_convention(user: UserLevel, relation: str = ADD_REMOVE) -> dict[str, Any]:
+    """Return how ``user_dp_event``'s events are read (as ``samplers.convention`` does for
+    example-level runs): the relation, the unit and strategy, what the multipliers are
+    relative to (C: the per-user clip norm for ULS, the per-example one for ELS), and the
+    dp-accounting accountant / ``NeighboringRelation`` pairs that give the epsilon."""
+    from dpbench.privacy.samplers import DP_ACCOUNTING_RELATION, convention
+
+    relation, _ = check_user_level(user.strategy, DEFAULT_SAMPLER, None, relation)
+    if user.strategy == ULS:
+        out = convention(Sampling(DEFAULT_SAMPLER, relation))
+    else:  # the mixture under add/remove or zero-out, by dp-accounting's PLD only
+        out = {"neighbouring": relation, "multiplier_relative_to": "C",
+               "read_by": [{"accountant": "pld", "neighboring_relation":
+                            DP_ACCOUNTING_RELATION[r]} for r in (ADD_REMOVE, ZERO_OUT)]}
+    return {**out, "unit": "user", **user.to_json()}
+
+
 # ---------------------------------------------------------------------------------------
 # ELS: dp-accounting's PLD of the mixture of Gaussians, on a bounded grid, memoised
 
@@ -366,8 +409,12 @@ def els_epsilon(history: Iterable[Group], max_examples_per_user: int, delta: flo
 def uls_epsilon(history: Iterable[Group], delta: float, accountant: str = "pld",
                 neighbouring: str = ADD_REMOVE) -> float:
     """Return the user-level epsilon at ``delta`` of ULS steps (sigma, q_u, steps): the
-    project's Poisson accountant read over users (``samplers.sampling_epsilon``)."""
+    project's Poisson accountant read over users (``accountant.compose_epsilon``, where PRV
+    falls back to PLD as for example-level runs; replace-one: ``samplers.sampling_epsilon``,
+    dp-accounting's PLD under ``REPLACE_ONE``)."""
     relation, accountant = check_user_level(ULS, DEFAULT_SAMPLER, accountant, neighbouring)
+    if relation != REPLACE_ONE:  # add/remove, zero-out: the Poisson accountant as it is
+        return compose_epsilon(list(history), float(delta), accountant)  # PRV -> PLD, logged
     return sampling_epsilon(Sampling(DEFAULT_SAMPLER, relation), accountant, list(history),
                             float(delta), epsilon)
 
@@ -492,12 +539,3 @@ def calibrate_user_noise_multiplier(
 
     return calibrate_noise_multiplier(target_epsilon, delta, rate, steps, accountant,
                                       spend=spend)
-
-
-def check_user_accountable(user: UserLevel, noise_multiplier: float) -> None:
-    """Raise ConfigError before training unless a fixed sigma is in the accepted range."""
-    if not NOISE_MULTIPLIER_MIN <= noise_multiplier <= NOISE_MULTIPLIER_MAX:
-        raise ConfigError(
-            f"privacy.noise_multiplier must be in [{NOISE_MULTIPLIER_MIN:g}, "
-            f"{NOISE_MULTIPLIER_MAX:g}] (got {noise_multiplier:g}) under privacy.unit=user "
-            f"(privacy.user_strategy={user.strategy})")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from dpbench.errors import ConfigError
+from dpbench.privacy.accountant import NOISE_MULTIPLIER_MAX, NOISE_MULTIPLIER_MIN
 from dpbench.privacy.accountant import default_delta as compute_default_delta
 from dpbench.privacy.plan import PrivacyPlan
 from dpbench.privacy.samplers import DEFAULT_SAMPLER, Sampling, steps_per_epoch
@@ -21,7 +22,6 @@ from dpbench.privacy.user_level import (
     ULS,
     UserLevel,
     calibrate_user_noise_multiplier,
-    check_user_accountable,
     check_user_level,
     user_epsilon,
 )
@@ -53,7 +53,9 @@ def plan_user_privacy(privacy: Any, trainer: Any, units: int, users: int, strate
             shown=f"{delta:.3g}")
     if privacy.noise_multiplier is not None:
         sigma, accountant, target = float(privacy.noise_multiplier), chosen, None
-        check_user_accountable(user, sigma)
+        require(NOISE_MULTIPLIER_MIN <= sigma <= NOISE_MULTIPLIER_MAX,
+                "privacy.noise_multiplier",
+                f"in [{NOISE_MULTIPLIER_MIN:g}, {NOISE_MULTIPLIER_MAX:g}]", sigma)
         if not user_epsilon(user, [(sigma, q, total)], delta, accountant, relation) < float(
                 "inf"):
             raise ConfigError(f"privacy.noise_multiplier={sigma:g} cannot be accounted at "

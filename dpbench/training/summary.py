@@ -15,7 +15,7 @@ from dpbench.privacy.gap import gap_record
 from dpbench.privacy.ledger import run_event, to_json
 from dpbench.privacy.record_check import ledger_history
 from dpbench.privacy.samplers import convention
-from dpbench.privacy.user_level import user_dp_event
+from dpbench.privacy.user_level import user_convention, user_dp_event
 
 #: what results.json says about ``unprivatised_diagnostics`` (see docs/privacy-unit-and-streams.md)
 UNPRIVATISED_DIAGNOSTICS_NOTE = (
@@ -65,9 +65,9 @@ def mechanism_record(trainer: Any) -> dict[str, Any]:
     return {"sampling": plan.sampling, "bands": plan.bands,
             "neighbouring": trainer.plan.sampling.neighbouring,
             # what the event's multipliers are relative to, and who reads them (C or 2C)
-            "convention": convention(trainer.plan.sampling),
+            "convention": (user_convention(user, trainer.plan.sampling.neighbouring)
+                           if user is not None else convention(trainer.plan.sampling)),
             "gradient_noise_multiplier": plan.gradient_noise_multiplier,
-            **({"unit": "user", "user_strategy": user.strategy} if user is not None else {}),
             "event": to_json(event)}
 
 

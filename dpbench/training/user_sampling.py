@@ -12,12 +12,12 @@ Privacy", Sec. 3 compare two ways to bound a user's contribution:
   kept examples contributes Binomial(k, q) of them, so a step is the mixture-of-Gaussians
   event (sensitivities 0..k with binomial weights).
 
-**The cap** (``capped_rows``): both keep at most k = ``privacy.max_examples_per_user``
-examples of each user, chosen ONCE before training from the run's ``user_cap`` stream (a
-uniformly random k of a user's rows, the same for every step). The choice depends on the user
-ids only, never on the records' values, so it is data-independent; a user with at most k
-examples keeps them all. The declared choice is recorded in results.json
-(``user_level.cap``).
+**The cap** (``dpbench.data.users.capped_indices``): both keep at most
+k = ``privacy.max_examples_per_user`` examples of each user, chosen ONCE before training from
+sub-stream 1 of the run's ``user_partition`` stream (a uniformly random k of a user's rows,
+the same for every step). The choice depends on the user ids only, never on the records'
+values, so it is data-independent; a user with at most k examples keeps them all. The
+declared choice is recorded in results.json (``user_level.cap``).
 """
 
 from __future__ import annotations
@@ -34,23 +34,6 @@ from torch.utils.data._utils.collate import default_collate
 
 #: how the k examples of a user over the cap are chosen (the only choice offered)
 CAP_CHOICE = "uniform_random_once"
-
-
-def capped_rows(users: np.ndarray | torch.Tensor, k: int, seed: Any) -> np.ndarray:
-    """Return the sorted rows kept under the cap: every row of a user with at most ``k`` rows,
-    and a uniformly random ``k`` of the rows of each larger user, drawn from ``seed`` (the
-    run's ``user_cap`` stream). Depends on the user ids only (data-independent)."""
-    if k < 1:
-        raise ValueError(f"privacy.max_examples_per_user must be >= 1 (got {k})")
-    users = np.asarray(users, dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    order = np.argsort(users, kind="stable")
-    ids, starts, counts = np.unique(users[order], return_index=True, return_counts=True)
-    kept = []
-    for start, count in zip(starts, counts):
-        rows = order[start:start + count]
-        kept.append(rows if count <= k else rng.choice(rows, size=k, replace=False))
-    return np.sort(np.concatenate(kept)) if kept else np.zeros(0, dtype=np.int64)
 
 
 def user_groups(users: np.ndarray | torch.Tensor, rows: np.ndarray) -> list[torch.Tensor]:

@@ -2,8 +2,8 @@
 
 Under ``privacy.unit=user`` (docs/privacy-unit-and-streams.md) each training row carries its
 user's id (``data.extras[USERS_KEY]``, an int64 tensor: ``dpbench/data/users.py``), at most
-k = ``privacy.max_examples_per_user`` rows of each user are kept (``user_sampling.capped_rows``,
-the run's ``user_cap`` stream), and ``privacy.user_strategy`` picks how a step samples:
+k = ``privacy.max_examples_per_user`` rows of each user are kept (``data.users.capped_indices``),
+and ``privacy.user_strategy`` picks how a step samples:
 
 - ``uls``: Poisson over the U users at q = B / U (``trainer.batch_size`` B is the expected
   number of USERS a step), each user's gradient sum clipped to C by the engine
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpbench.data.users import capped_indices
 from dpbench.errors import ConfigError
 from dpbench.privacy.user_level import (
     DEFAULT_MAX_EXAMPLES_PER_USER,
@@ -35,8 +36,7 @@ from dpbench.privacy.user_level import (
     check_strategy,
     check_unit,
 )
-from dpbench.training.user_sampling import UserFacts, capped_rows, user_facts
-from dpbench.utils.seeding import stream_seed
+from dpbench.training.user_sampling import UserFacts, user_facts
 
 #: where a data set's loader (or the synthetic partition) puts each training row's user id
 USERS_KEY = "train_users"
@@ -65,6 +65,15 @@ class UserSetup:
         return self.facts.users if self.strategy == ULS else self.facts.kept_examples
 
 
+def check_user_method(name: str) -> None:
+    """Refuse, in one line naming the reason, a method not verified under privacy.unit=user."""
+    if name not in USER_LEVEL_METHODS:
+        raise ConfigError(
+            f"method={name} is not verified under privacy.unit=user (its extra queries, "
+            "clipping or noise shaping are accounted and checked per example, not per user); "
+            f"run it with privacy.unit=example, or use method={' or '.join(USER_LEVEL_METHODS)}")
+
+
 def unit_of(privacy: Any) -> str:
     """Return ``privacy.unit`` (the default for settings without the key)."""
     return check_unit(getattr(privacy, "unit", DEFAULT_UNIT) or DEFAULT_UNIT)
@@ -78,12 +87,8 @@ def user_setup(privacy: Any, trainer: Any, method: Any, data: Any, seed: int,
         return None
     strategy = check_strategy(getattr(privacy, "user_strategy", DEFAULT_STRATEGY)
                               or DEFAULT_STRATEGY)
-    name = getattr(method, "name", "?")
-    if getattr(method, "private", True) and name not in USER_LEVEL_METHODS:
-        raise ConfigError(
-            f"method={name} is not verified under privacy.unit=user (its extra queries and "
-            "post-processing are accounted per example); run it with privacy.unit=example, "
-            f"or use one of: {', '.join(USER_LEVEL_METHODS)}")
+    if getattr(method, "private", True):
+        check_user_method(getattr(method, "name", "?"))
     sampler = getattr(trainer, "sampler", "poisson")
     if sampler != "poisson":
         raise ConfigError(f"trainer.sampler={sampler}: privacy.unit=user samples Poisson "
@@ -104,5 +109,5 @@ def user_setup(privacy: Any, trainer: Any, method: Any, data: Any, seed: int,
     if users.shape != (len(data.train),):
         raise ConfigError(f"privacy.unit=user: {len(users)} user ids for "
                           f"{len(data.train)} training rows")
-    kept = capped_rows(users.numpy(), k, stream_seed(seed, "user_cap"))
+    kept = capped_indices(users.numpy(), k, seed)
     return UserSetup(strategy, k, users, kept, user_facts(strategy, users.numpy(), k, kept))

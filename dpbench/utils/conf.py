@@ -28,7 +28,13 @@ REFUSED_PRECISIONS = {
 #: settings added after runs were first recorded, with the value every earlier run had: left
 #: out of resume fingerprints and choice keys while at that value, so earlier checkpoints and
 #: choices files still match
-ADDED_DEFAULTS = {"trainer": {"precision": "32-true"}}
+ADDED_DEFAULTS = {
+    "trainer": {"precision": "32-true"},
+    # the privacy unit (privacy/user_level.py) and the user partition (data/users.py)
+    "privacy": {"unit": "example", "user_strategy": "uls", "max_examples_per_user": 8},
+    "dataset": {"users": "synthetic", "user_key": None, "num_users": None,
+                "user_sizes": "zipf", "zipf_exponent": 1.0},
+}
 
 
 def without_added_defaults(settings: dict) -> dict:

@@ -41,7 +41,8 @@ STREAMS: tuple[str, ...] = (
     "mia_model",  # the run seed of each model dpbench-mia trains (indexed by model)
     "mia_split",  # which pool examples train each dpbench-mia model (indexed by model)
     "mia_metrics",  # dpbench-mia's bootstrap and held-out threshold halves
-    "user_cap",  # privacy.unit=user: which k rows of a user over the cap are kept (once)
+    "user_partition",  # the synthetic user partition (index 0) and which of a user's
+    # records privacy.max_examples_per_user keeps (index 1; dpbench/data/users.py)
 )
 
 

@@ -132,7 +132,8 @@ def test_uls_does_not_depend_on_k_and_falls_with_sigma():
     assert ul.uls_epsilon([(1.2, 0.05, 200)], DELTA) < a
 
 
-@pytest.mark.parametrize("strategy,q,k", [(ul.ULS, 0.05, 8), (ul.ELS, 0.05, 2)])
+@pytest.mark.parametrize("strategy,q,k", [
+    (ul.ULS, 0.05, 8), pytest.param(ul.ELS, 0.05, 2, marks=pytest.mark.slow)])
 def test_calibration_lands_just_below_the_target(strategy, q, k):
     target, steps = 4.0, 50
     sigma, accountant = ul.calibrate_user_noise_multiplier(strategy, target, DELTA, q, steps, k)
@@ -210,3 +211,16 @@ def test_user_dp_event_composes_one_event_per_run_of_steps():
     assert uls.events == [ul.uls_event(0.05, 2.0, 40), ul.uls_event(0.05, 2.5, 10)]
     els = ul.user_dp_event(ul.UserLevel(ul.ELS, 3), history)
     assert els.events == [ul.els_event(0.05, 2.0, 40, 3), ul.els_event(0.05, 2.5, 10, 3)]
+
+
+def test_user_convention_names_the_pairs_that_read_the_events():
+    uls = ul.user_convention(ul.UserLevel(ul.ULS, 4))
+    assert uls["unit"] == "user" and uls["strategy"] == "uls" and uls["max_examples_per_user"] == 4
+    assert {"accountant": "rdp", "neighboring_relation": "ADD_OR_REMOVE_ONE"} in uls["read_by"]
+    els = ul.user_convention(ul.UserLevel(ul.ELS, 4), "zero_out")
+    assert els["neighbouring"] == "zero_out"
+    assert {p["accountant"] for p in els["read_by"]} == {"pld"}
+    assert ul.user_convention(ul.UserLevel(ul.ULS, 4), "replace_one")["read_by"] == [
+        {"accountant": "pld", "neighboring_relation": "REPLACE_ONE"}]
+    with pytest.raises(ConfigError, match=r"^privacy\.neighbouring=replace_one"):
+        ul.user_convention(ul.UserLevel(ul.ELS, 4), "replace_one")
