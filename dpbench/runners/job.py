@@ -374,8 +374,10 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
         plan = trainer.plan
         if plan.accountant_note:
             log.info(plan.accountant_note)
-        log.info("N=%d q=%.4g steps=%d sigma=%.4g delta=%s accountant=%s sampler=%s "
-                 "neighbouring=%s", len(trainer.data.train), plan.sample_rate, plan.total_steps,
+        log.info("N=%d%s q=%.4g steps=%d sigma=%.4g delta=%s accountant=%s sampler=%s "
+                 "neighbouring=%s", trainer.units, f" ({plan.user.strategy} units of "
+                 "privacy.unit=user)" if plan.user is not None else "", plan.sample_rate,
+                 plan.total_steps,
                  plan.noise_multiplier, plan.delta, plan.accountant, plan.sampling.sampler,
                  plan.sampling.neighbouring)
         if start is not None:
@@ -424,7 +426,10 @@ def _print_done(cfg: DictConfig, result: dict, run_dir: Path) -> None:
     print(f"dpbench: {cfg.method.name} on {cfg.dataset.name}/{cfg.model.name}: "
           f"epsilon {eps if math.isinf(eps) else round(eps, 4)} (target "
           f"{result['target_epsilon']}, delta {result['delta']}, "
-          f"{RELATION_LABEL.get(result.get('neighbouring'), 'add/remove')}), "
+          f"{RELATION_LABEL.get(result.get('neighbouring'), 'add/remove')}"
+          + (f", per user ({result['user_level']['strategy']}, k="
+             f"{result['user_level']['max_examples_per_user']})"
+             if result.get("privacy_unit") == "user" else "") + "), "
           + (f"test accuracy {acc:.4f}, " if acc is not None else "")
           + f"results in {run_dir / RESULTS_NAME}")
 
