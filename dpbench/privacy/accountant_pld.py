@@ -238,14 +238,20 @@ def plan_interval(groups: tuple[Group, ...], finest: float = math.inf,
     return interval
 
 
-def _compose(groups: tuple[Group, ...], interval: float, delta: float,
-             replace: bool = False) -> float:
+def composed_epsilon(parts: Iterable[tuple[Any, int]], delta: float) -> float:
+    """Return epsilon at ``delta`` of each (one step's PLD, steps) self-composed and all
+    composed, tails beyond ``TAIL_MASS`` moved to +infinity (pessimistic), at least 0."""
     composed = None
-    for sigma, q, steps in groups:
-        part = base_pld(sigma, q, interval, replace).self_compose(
-            steps, tail_mass_truncation=TAIL_MASS)
+    for base, steps in parts:
+        part = base.self_compose(steps, tail_mass_truncation=TAIL_MASS)
         composed = part if composed is None else composed.compose(part, TAIL_MASS)
     return max(float(composed.get_epsilon_for_delta(delta)), 0.0)
+
+
+def _compose(groups: tuple[Group, ...], interval: float, delta: float,
+             replace: bool = False) -> float:
+    return composed_epsilon(((base_pld(sigma, q, interval, replace), steps)
+                             for sigma, q, steps in groups), delta)
 
 
 @functools.lru_cache(maxsize=4096)

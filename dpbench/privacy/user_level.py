@@ -76,7 +76,9 @@ API (stable; the training integration builds on it):
 - ``calibrate_user_noise_multiplier(strategy, target, delta, rate, steps, k, accountant,
   neighbouring) -> (sigma, accountant)``;
 - ``UserLevel(strategy, k)``: what ``PrivacyAccountant(..., user=UserLevel(...))`` needs to
-  report user-level epsilons (its ``check`` and ``epsilon``; carried in its state dict).
+  report user-level epsilons (its ``check`` and ``epsilon``; carried in its state dict);
+- ``user_plan.plan_user_privacy(privacy, trainer, num_users, num_examples)`` -> (plan,
+  user): the run's rate, steps, delta (< 1/U) and sigma before training.
 """
 
 from __future__ import annotations
@@ -99,9 +101,9 @@ from dpbench.privacy.accountant_pld import (
     BASE_POINTS_CAP,
     LADDER,
     RESOLUTION,
-    TAIL_MASS,
     Group,
     canonical_groups,
+    composed_epsilon,
     interval_for,
 )
 from dpbench.privacy.calibration import calibrate_noise_multiplier
@@ -363,12 +365,8 @@ def _mixture_pld(sigma: float, q: float, k: int, interval: float) -> Any:
 
 
 def _els_compose(groups: tuple[Group, ...], k: int, interval: float, delta: float) -> float:
-    composed = None
-    for sigma, q, steps in groups:
-        part = _mixture_pld(sigma, q, k, interval).self_compose(
-            steps, tail_mass_truncation=TAIL_MASS)
-        composed = part if composed is None else composed.compose(part, TAIL_MASS)
-    return max(float(composed.get_epsilon_for_delta(delta)), 0.0)
+    return composed_epsilon(((_mixture_pld(sigma, q, k, interval), steps)
+                             for sigma, q, steps in groups), delta)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -101,8 +101,10 @@ def run_plan(method: DPMethod, privacy: PrivacyConfig, trainer: TrainerConfig,
     ``user`` (privacy.unit=user, ``user_unit.user_setup``): planned over the units its
     strategy samples (U users, or the N_k capped examples) by ``privacy.user_plan``."""
     if user is not None:
-        return plan_user_privacy(privacy, trainer, user.accounted_size, user.facts.users,
-                                 user.strategy, user.k, method.private)
+        plan, accounted = plan_user_privacy(privacy, trainer, user.facts.users,
+                                            user.facts.kept_examples, method.private,
+                                            method.planned_bands())
+        return replace(plan, user=accounted)
     return plan_privacy(privacy, trainer, len(data.train), method.private,
                         method.planned_bands())
 

@@ -91,3 +91,32 @@ def test_user_unit_is_refused_before_any_data_is_read():
         build_spec(compose_config("privacy.unit=user", "trainer.grad_sample_mode=bk"))
     with pytest.raises(ConfigError, match=r"^dataset\.users must be one of"):
         build_spec(compose_config("dataset.users=households"))
+
+
+@pytest.mark.integration
+@pytest.mark.processes
+@pytest.mark.parametrize("overrides,message", [
+    (["privacy.unit=user", "method=dpadam"],
+     "method=dpadam is not verified under privacy.unit=user"),
+    (["privacy.unit=user", "privacy.user_strategy=els", "privacy.accountant=prv"],
+     "privacy.accountant=prv has no accounting for privacy.user_strategy=els"),
+    (["privacy.unit=household"], "privacy.unit must be one of example, user"),
+    (["dataset.num_users=0"], "dataset.num_users must be an integer in"),
+])
+def test_the_cli_refuses_in_one_line_and_leaves_nothing_behind(overrides, message, tmp_path):
+    """``dpbench`` as a user runs it: a fresh process, outside the repository."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([str(Path(sys.executable).parent / "dpbench"), "logger=none",
+                           "trainer.progress=false", *overrides], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if message in line]
+    assert len(errors) == 1, done.stderr[-2000:]
+    assert not any(tmp_path.rglob("results.json")) and not any(tmp_path.rglob("*.pt"))
+    runs = tmp_path / "outputs" / "runs"
+    assert not runs.exists() or not any(p.is_file() for p in runs.rglob("*"))
