@@ -30,10 +30,11 @@ from dpbench.training.engine.protocol import (
     FactorsFn,
     LossFn,
     Point,
+    combined_gradients,
+    flat_norms,
     kept_examples,
     zero_rows,
 )
-from dpbench.utils.tensors import parameters_at
 
 PerExampleFn = Callable[[LossFn, Any], tuple[list[torch.Tensor], torch.Tensor]]
 
@@ -58,12 +59,6 @@ def user_sums(per_example: Sequence[torch.Tensor], users: torch.Tensor
     return sums, ids
 
 
-def flat_norms(rows: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Return ||r_j||_2 over all parameters for each row j."""
-    norms = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) for g in rows]
-    return torch.linalg.vector_norm(torch.stack(norms, dim=0), dim=0)
-
-
 def clip_per_user(per_example: PerExampleFn, params: Sequence[nn.Parameter], loss_fn: LossFn,
                   batch: Any, users: torch.Tensor, points: Sequence[Point],
                   factors_fn: FactorsFn, *, broken_sum_after_clip: bool = False
@@ -78,16 +73,7 @@ def clip_per_user(per_example: PerExampleFn, params: Sequence[nn.Parameter], los
     tests): it clips each example and then sums per user, so a user's contribution can reach
     k C. It is never set by a run's configuration.
     """
-    combined, losses = None, []
-    for point in points:
-        with parameters_at(params, point.offsets):
-            grads, point_loss = per_example(loss_fn, batch)
-        losses.append(point_loss)
-        if combined is None:
-            combined = grads if point.weight == 1.0 else [point.weight * g for g in grads]
-        else:
-            for c, g in zip(combined, grads):
-                c.add_(g, alpha=point.weight)
+    combined, losses = combined_gradients(per_example, params, loss_fn, batch, points)
     example_norms = flat_norms(combined)
     kept_rows = kept_examples(example_norms, losses).cpu()
     loss = losses[0]

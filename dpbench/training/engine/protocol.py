@@ -115,6 +115,35 @@ def per_example_refused(mode: str) -> ConfigError:
                       "(or auto)")
 
 
+def combined_gradients(per_example: Callable[[LossFn, Any], tuple[list[torch.Tensor],
+                                                                   torch.Tensor]],
+                       params: Sequence[nn.Parameter], loss_fn: LossFn, batch: Any,
+                       points: Sequence[Point]) -> tuple[list[torch.Tensor],
+                                                         list[torch.Tensor]]:
+    """Return (the rows' combination ``u_i = sum_k w_k g_i(theta + delta_k)`` per parameter,
+    the losses at each point) from an engine's materialised ``per_example`` call
+    (docs/adding-a-method.md, stage 4)."""
+    from dpbench.utils.tensors import parameters_at
+
+    combined, losses = None, []
+    for point in points:
+        with parameters_at(params, point.offsets):
+            grads, point_loss = per_example(loss_fn, batch)
+        losses.append(point_loss)
+        if combined is None:
+            combined = grads if point.weight == 1.0 else [point.weight * g for g in grads]
+        else:
+            for c, g in zip(combined, grads):
+                c.add_(g, alpha=point.weight)
+    return combined, losses
+
+
+def flat_norms(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Return ||r_j||_2 over all parameters for each row j (per-example or per-user)."""
+    norms = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) for g in rows]
+    return torch.linalg.vector_norm(torch.stack(norms, dim=0), dim=0)
+
+
 def trainable(model: nn.Module) -> tuple[list[nn.Parameter], list[str]]:
     """Return the trainable parameters of ``model`` and their names, in the model's order."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]

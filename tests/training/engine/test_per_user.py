@@ -113,9 +113,8 @@ def test_the_broken_switch_lets_a_user_exceed_c():
     engine.close()
 
 
-class _ClipsBeforeSumming:
-    """A wrong per-user engine: its norms are right but each example is clipped before the
-    user's sum (the sums differ from the reference)."""
+class _Wrapped:
+    """An engine passing everything to the real one but its per-user sums."""
 
     def __init__(self, engine):
         self.engine, self.mode = engine, engine.mode
@@ -124,6 +123,11 @@ class _ClipsBeforeSumming:
 
     def clipped_sum(self, *args, **kwargs):
         return self.engine.clipped_sum(*args, **kwargs)
+
+
+class _ClipsBeforeSumming(_Wrapped):
+    """A wrong per-user engine: its norms are right but each example is clipped before the
+    user's sum (the sums differ from the reference)."""
 
     def clipped_user_sum(self, loss_fn, batch, users, points, factors_fn):
         good = self.engine.clipped_user_sum(loss_fn, batch, users, points, factors_fn)
@@ -132,16 +136,8 @@ class _ClipsBeforeSumming:
         return ClippedSum(bad.sums, good.norms, good.factors, good.losses, good.kept)
 
 
-class _ByPosition:
+class _ByPosition(_Wrapped):
     """A wrong per-user engine: it groups consecutive rows as users, not by user id."""
-
-    def __init__(self, engine):
-        self.engine, self.mode = engine, engine.mode
-        self.params, self.names, self.module = engine.params, engine.names, engine.module
-        self.materialises, self.per_user = True, True
-
-    def clipped_sum(self, *args, **kwargs):
-        return self.engine.clipped_sum(*args, **kwargs)
 
     def clipped_user_sum(self, loss_fn, batch, users, points, factors_fn):
         runs = torch.cumsum(torch.cat([torch.ones(1, dtype=torch.long),
