@@ -171,3 +171,26 @@ def test_what_has_no_valid_user_level_run_is_refused_in_one_line(overrides, key)
 def test_user_level_accountant_state_is_the_runs(run):
     strategy, _, trainer, _ = run
     assert trainer.accountant.user == UserLevel(strategy, 4)
+
+
+def test_the_report_and_the_unit_table_read_the_unit_from_the_record(run, tmp_path):
+    """The run's record, as the job writes it, is tabulated under its own unit."""
+    import json
+
+    from dpbench.analysis.results import load_frame
+    from dpbench.analysis.tables import cell_table
+    from dpbench.analysis.unit_comparison import unit_table
+
+    strategy, _, _, record = run
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps(
+        {**record, "status": "completed", "dataset": "digits", "model": "mlp",
+         "method": "dpsgd", "method_name": "dpsgd", "seed": 0}, default=str))
+    label = f"user ({strategy}, k=4)"
+    table = cell_table(load_frame(tmp_path), "accuracy")
+    assert list(table.index.names)[-1] == "unit" and table.index[0][-1] == label
+    row = unit_table([tmp_path]).iloc[0]
+    assert row["unit"] == label and row["eps"] == "3"
+    assert row["accuracy"] == f"{record['metrics']['accuracy']:.4f} (n=1)"
+    assert row["steps"] == record["steps"] and row["users"] == record["user_level"]["users"]
