@@ -31,3 +31,14 @@ def test_a_sweep_across_units_is_reported_per_unit(tmp_path_factory):
     assert "| unit" in header
     assert "| example " in report and "| user (uls, k=8) " in report
     assert "Duplicate runs" not in report  # the two units are two cells, not copies
+
+
+def test_dpbench_audit_plants_canary_users(tmp_path_factory):
+    outside = tmp_path_factory.mktemp("user")
+    run = outside / "audit"
+    _run("dpbench-audit", ["method=dpsgd", "privacy=eps1", *QUIET, "privacy.unit=user",
+                           "audit.canaries=100", f"hydra.run.dir={run}"], outside)
+    record = json.loads((run / "results.json").read_text())
+    assert record["kind"] == "audit" and record["status"] == "completed"
+    assert record["privacy_unit"] == "user" and record["user_level"]["strategy"] == "uls"
+    assert 0 <= record["epsilon_lower"] <= record["epsilon_claimed"] == record["epsilon"]
