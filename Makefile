@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: help setup lock demo test test-quick test-processes test-privacy test-numerics test-data test-device test-full lint format bench clean privacy-audit reproduce reproduce-fiber \
         reproduce-dp-adaln reproduce-bounded-adaclip reproduce-dp-ivon reproduce-spectral \
-        reproduce-samplers reproduce-mia
+        reproduce-samplers reproduce-mia reproduce-user-level
 
 
 help:  ## list the targets
@@ -137,3 +137,6 @@ reproduce-samplers: $(STAMP)  ## Poisson vs fixed-size vs shuffled batches at eq
 
 reproduce-mia: $(STAMP)  ## membership inference: each seed method vs DP-SGD at equal accounted epsilon (CPU)
 	$(REPRODUCE) mia $(ARGS)
+
+reproduce-user-level: $(STAMP)  ## user-level DP: ULS vs ELS at user-level epsilon 1 and 8 (CPU)
+	$(REPRODUCE) user_level $(ARGS)

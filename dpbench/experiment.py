@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from dpbench.data import get_dataset_builder
 from dpbench.data.base import TaskData, carve_validation
+from dpbench.data.users import user_ids
 from dpbench.errors import ConfigError
 from dpbench.methods import get_method
 from dpbench.models import get_model_builder
@@ -20,6 +21,7 @@ from dpbench.spec import RunSpec, build_spec, settings_of
 from dpbench.tasks import get_task
 from dpbench.training.distributed import Collective
 from dpbench.training.loop import Callback, Trainer
+from dpbench.training.user_unit import USERS_KEY
 from dpbench.utils.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,8 @@ def build(spec: RunSpec, run_dir: str | Path | None = None,
     seed_everything(spec.seed, "model_init")  # init depends on the seed alone
     method = build_method(cfg)
     data = select_evaluation_split(load_data(cfg), cfg.get("evaluation"))
+    if spec.privacy.unit == "user":  # each training row's user (data/users.py)
+        data.extras[USERS_KEY] = user_ids(data, cfg.dataset, spec.seed)
     model = get_model_builder(cfg.model.name)(
         data.input_shape, data.num_classes, **settings_of(cfg.model, "name"),
         **({"data": data} if cfg.model.get("needs_data") else {}))

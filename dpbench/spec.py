@@ -37,6 +37,8 @@ from dpbench.methods import get_method
 from dpbench.models import MODELS
 from dpbench.privacy.samplers import resolve_sampling, with_settled_accountant
 from dpbench.privacy.user_level import check_user_level
+from dpbench.training.engine.per_user import per_user_refusal
+from dpbench.training.user_unit import check_user_method
 from dpbench.tune.choices import apply_tuned
 from dpbench.utils.conf import without_added_defaults
 from dpbench.utils.paths import check_path_values
@@ -131,16 +133,17 @@ def check_evaluation(evaluation: Any) -> None:
         raise ConfigError(f"evaluation.validation_fraction must be in (0, 1) (got {fraction})")
 
 
-def check_user_unit(privacy: PrivacyConfig, trainer: TrainerConfig) -> None:
-    """Refuse ``privacy.unit=user`` where its strategy has no accountant for the sampler,
-    relation and accountant (``privacy/user_level.py``), and, until the loop trains at the
-    user level (a user-level batch sampler, per-user clipping), refuse it altogether: an
-    example-level run must never be reported under the user unit."""
+def check_user_unit(privacy: PrivacyConfig, trainer: TrainerConfig, method_name: str) -> None:
+    """Refuse ``privacy.unit=user`` in one line naming the key, before any data is read: a
+    strategy without an accountant for the sampler, relation and accountant
+    (``privacy/user_level.py``), a method not verified under the user unit, or (user-level
+    sampling, which clips each user's gradient sum) an engine that forms per-example norms
+    only (``training/engine/per_user.py``)."""
     check_user_level(privacy.user_strategy, trainer.sampler, privacy.accountant,
                      privacy.neighbouring)
-    raise ConfigError("privacy.unit=user is accounted (dpbench/privacy/user_level.py) but the "
-                      "training loop does not yet sample users or clip per user; use "
-                      "privacy.unit=example")
+    check_user_method(method_name)
+    if privacy.user_strategy == "uls" and trainer.grad_sample_mode in ("bk", "ghost"):
+        raise ConfigError(per_user_refusal(trainer.grad_sample_mode))
 
 
 def build_spec(cfg: DictConfig) -> RunSpec:
@@ -158,7 +161,7 @@ def build_spec(cfg: DictConfig) -> RunSpec:
     check_privacy_matches_method(cfg.method.name, method.private, privacy)
     # the sampler, relation and accountant agree (docs/sampling.md), before any data is read
     if privacy.unit == "user" and privacy.enabled and method.private:
-        check_user_unit(privacy, trainer)
+        check_user_unit(privacy, trainer, cfg.method.name)
     resolve_sampling(trainer.sampler, privacy.neighbouring, privacy.accountant,
                      privacy.enabled and method.private)
     optimizer = cfg.method.get("optimizer")

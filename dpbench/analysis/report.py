@@ -61,7 +61,7 @@ def _fmt(values: pd.Series) -> str:
 
 
 #: a cell of the utility table (``dpbench.analysis.tables``), plus the seed: one run each
-_RUN_KEYS = ("label", "dataset", "model", "tuning", "eps", "seed")
+_RUN_KEYS = ("label", "dataset", "model", "tuning", "unit", "eps", "seed")
 
 
 def is_audit(frame: pd.DataFrame) -> pd.Series:
@@ -81,7 +81,9 @@ def split_duplicates(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     done = frame[frame["status"] == COMPLETED]
     if done.empty:
         return frame, frame.iloc[0:0]
-    keys = done.assign(eps=done.apply(row_eps_label, axis=1))[list(_RUN_KEYS)].astype(str)
+    unit = done["unit"].fillna("example") if "unit" in done else "example"
+    keys = done.assign(eps=done.apply(row_eps_label, axis=1), unit=unit)[
+        list(_RUN_KEYS)].astype(str)
     duplicated = keys.duplicated(keep="first")
     dropped = done[duplicated]
     return frame.drop(index=dropped.index), dropped

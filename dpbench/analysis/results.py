@@ -263,11 +263,27 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
     evaluation = record.get("evaluation")
     if isinstance(evaluation, dict):
         row["evaluation_split"] = _text(evaluation.get("split"))
+    row["unit"] = unit_label(record)
     if record.get("kind") in ("mia", "audit"):  # measurements are grouped by their settings
         row["measurement_setting"] = json.dumps(measurement_setting(record), sort_keys=True)
     if record.get("kind") == "mia":
         row["mia_exceeding"] = _exceeding_attacks(record)
     return row
+
+
+def unit_label(record: dict[str, Any]) -> str:
+    """Return what one epsilon of the record protects, as the report's ``unit`` column:
+    ``example`` (records written before the field too), ``window`` / ``observation`` (time
+    series), or ``user (uls, k=4)`` / ``user (els, k=4)`` (privacy.unit=user: the strategy
+    and the per-user cap k). Epsilons of different units are different guarantees: never
+    one cell."""
+    unit = _text(record.get("privacy_unit")) or "example"
+    if unit != "user":
+        return unit
+    facts = record.get("user_level")
+    facts = facts if isinstance(facts, dict) else {}
+    return (f"user ({_text(facts.get('strategy')) or '?'}, "
+            f"k={_number(facts.get('max_examples_per_user')) or '?':g})")
 
 
 def _exceeding_attacks(record: dict[str, Any]) -> str | None:

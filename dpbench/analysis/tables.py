@@ -24,7 +24,8 @@ from dpbench.analysis.stats import (
 )
 from dpbench.logging.records import COMPLETED, FAILED, RUNNING
 
-ROW_KEYS = ["label", "dataset", "model", "tuning"]
+#: a table row: method, data set, model, tuning and the privacy unit (``results.unit_label``)
+ROW_KEYS = ["label", "dataset", "model", "tuning", "unit"]
 
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
                   "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
@@ -50,6 +51,9 @@ def _completed(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
         ok = pd.DataFrame(columns=[*ROW_KEYS, "seed", "target_epsilon", metric])
     else:
         ok = frame[(frame["status"] == COMPLETED) & frame[metric].notna()].copy()
+    if "unit" not in ok:  # records and frames without the column: one example
+        ok["unit"] = "example"
+    ok["unit"] = ok["unit"].fillna("example")
     ok["eps"] = ok.apply(row_eps_label, axis=1) if len(ok) else pd.Series(dtype=object)
     return ok
 
@@ -74,7 +78,7 @@ def cell_intervals(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     for status, column in ((FAILED, "failed"), (RUNNING, "incomplete")):
         out[column] = 0
         for _, row in frame[frame["status"] == status].iterrows() if not frame.empty else ():
-            key = (row.get("label"), row.get("dataset"), row.get("model"), row.get("tuning"),
+            key = (*(row.get(k, "example" if k == "unit" else None) for k in ROW_KEYS),
                    row_eps_label(row))
             match = (out[[*ROW_KEYS, "eps"]].apply(tuple, axis=1) == key) if len(out) else None
             if match is not None and match.any():
@@ -116,7 +120,15 @@ def cell_table(frame: pd.DataFrame, metric: str, digits: int = 4) -> pd.DataFram
         return pd.DataFrame()
     cells["cell"] = cells.apply(lambda r: _cell_text(r, digits), axis=1)
     wide = cells.pivot_table(index=ROW_KEYS, columns="eps", values="cell", aggfunc="first")
+    if only_examples(cells):  # the unit column only where a run protects something else
+        wide = wide.droplevel("unit")
     return wide[_eps_order(wide.columns)]
+
+
+def only_examples(cells: pd.DataFrame) -> bool:
+    """Return whether every cell's privacy unit is one example (the tables then leave out
+    the ``unit`` column, as they did before runs could protect a user)."""
+    return "unit" not in cells or set(cells["unit"].fillna("example")) <= {"example"}
 
 
 def baseline_table(frame: pd.DataFrame, metric: str, baseline: str,
@@ -130,16 +142,17 @@ def baseline_table(frame: pd.DataFrame, metric: str, baseline: str,
     base = cells[cells["label"] == baseline]
     for _, row in cells[cells["label"] != baseline].iterrows():
         ref = base[(base["dataset"] == row["dataset"]) & (base["model"] == row["model"])
-                   & (base["eps"] == row["eps"])]
+                   & (base["eps"] == row["eps"]) & (base["unit"] == row["unit"])]
         if ref.empty:
             continue
         diff = paired_difference(row["seeds"], ref.iloc[0]["seeds"])
         rows.append({"method": row["label"], "dataset": row["dataset"], "model": row["model"],
-                     "tuning": row["tuning"], "eps": row["eps"],
+                     "tuning": row["tuning"], "unit": row["unit"], "eps": row["eps"],
                      "difference": diff.format(digits) if diff.n else "n/a",
                      "ci_low": diff.low, "ci_high": diff.high, "n_pairs": diff.n,
                      "verdict": verdict(diff, better_high)})
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    return out.drop(columns=["unit"]) if only_examples(cells) and not out.empty else out
 
 
 def significant_best(cells: pd.DataFrame, metric: str) -> set[tuple]:
@@ -150,7 +163,8 @@ def significant_best(cells: pd.DataFrame, metric: str) -> set[tuple]:
     """
     better_high = higher_is_better(metric)
     winners = set()
-    for _, column in cells[cells["n"] > 0].groupby(["dataset", "model", "eps"], dropna=False):
+    for _, column in cells[cells["n"] > 0].groupby(["dataset", "model", "unit", "eps"],
+                                                   dropna=False):
         if len(column) < 2:
             continue
         means = column["interval"].map(lambda i: i.mean)
@@ -168,11 +182,13 @@ def latex_table(frame: pd.DataFrame, metric: str, digits: int = 3) -> str:
         return "% no completed runs\n"
     bold = significant_best(cells, metric)
     columns = _eps_order(cells["eps"].unique())
-    lines = [r"\begin{tabular}{l" + "l" * 3 + "c" * len(columns) + "}", r"\toprule",
-             " & ".join(["method", "dataset", "model", "tuning",
+    keys = [k for k in ROW_KEYS if k != "unit" or not only_examples(cells)]
+    lines = [r"\begin{tabular}{l" + "l" * (len(keys) - 1) + "c" * len(columns) + "}",
+             r"\toprule",
+             " & ".join([*("method" if k == "label" else k for k in keys),
                          *(r"$\varepsilon$=" + latex_text(c[4:]) for c in columns)])
              + r" \\", r"\midrule"]
-    for key, group in cells.groupby(ROW_KEYS, dropna=False):
+    for key, group in cells.groupby(keys, dropna=False):
         values = []
         for col in columns:
             match = group[group["eps"] == col]
@@ -182,7 +198,8 @@ def latex_table(frame: pd.DataFrame, metric: str, digits: int = 3) -> str:
             interval: Interval = match.iloc[0]["interval"]
             text = (f"{interval.mean:.{digits}f} $\\pm$ {interval.half_width:.{digits}f}"
                     if interval.n > 1 else f"{interval.mean:.{digits}f}")
-            values.append(rf"\textbf{{{text}}}" if (*key, col) in bold else text)
+            full = (*key, "example") if len(keys) < len(ROW_KEYS) else tuple(key)
+            values.append(rf"\textbf{{{text}}}" if (*full, col) in bold else text)
         lines.append(" & ".join([*(latex_text(k) for k in key), *values]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"

@@ -11,7 +11,10 @@ is a wrapper, never a patch of a running object:
 * ``clipping``: the mechanism is unchanged, but the audit's engine wrapper sums the
   *unclipped* per-example gradients while reporting the clip factors the mechanism asked for
   to the loop's sensitivity check (``unclipped_sum``), a release that lies to the check; the
-  check itself cannot be turned off.
+  check itself cannot be turned off. Under ``privacy.unit=user`` (ULS) it breaks the
+  per-user clip instead: each example is clipped and the user's clipped examples summed, so
+  a user of k records contributes up to k C, while the check is handed the true per-user
+  norms and factors (``per_user_clip_broken``).
 
 Membership inference (``mia.break_noise_scale``) scales the released noise instead
 (``noise_scaled``: the mechanism's own noise shaper first, then the factor).
@@ -29,6 +32,7 @@ import torch
 
 from dpbench.methods.base import DPMethod, Mechanism, NoiseShaper, RunInfo
 from dpbench.training.engine.materialised import clip_materialised
+from dpbench.training.engine.per_user import clip_per_user
 from dpbench.training.engine.protocol import ClippedSum
 
 #: the parts a test can break: none, the noise, the clipping
@@ -119,3 +123,15 @@ def unclipped_sum(per_example, params, names, loss_fn, batch, points, factors_fn
     out = clip_materialised(per_example, params, names, loss_fn, batch, points,
                             torch.ones_like, observe)
     return out._replace(factors=factors_fn(out.norms) * out.kept.to(out.norms.device))
+
+
+def per_user_clip_broken(per_example, params, loss_fn, batch, users, points, factors_fn
+                         ) -> ClippedSum:
+    """Return the per-user path's answer with the sums of a broken per-user clip (each
+    example clipped, then summed per user) and the norms and factors of the true one
+    (``audit.break_mechanism=clipping`` under privacy.unit=user: a release that lies to the
+    loop's sensitivity check)."""
+    good = clip_per_user(per_example, params, loss_fn, batch, users, points, factors_fn)
+    bad = clip_per_user(per_example, params, loss_fn, batch, users, points, factors_fn,
+                        broken_sum_after_clip=True)
+    return good._replace(sums=bad.sums)

@@ -52,14 +52,16 @@ from dpbench.audit.bounds import (
     reachable_power,
     unsampled_probability,
 )
-from dpbench.audit.broken import BREAKS, broken, unclipped_sum
+from dpbench.audit.broken import BREAKS, broken, per_user_clip_broken, unclipped_sum
 from dpbench.errors import ConfigError
 from dpbench.methods.context import Released
 from dpbench.privacy import PrivacyAccountant
 from dpbench.privacy.plan import PrivacyPlan
 from dpbench.training.engine.materialised import clip_materialised
+from dpbench.training.engine.per_user import clip_per_user
 from dpbench.training.engine.protocol import ClippedSum
 from dpbench.training.loop import Callback, LoopView, Trainer, run_plan
+from dpbench.training.user_unit import user_setup
 from dpbench.utils.seeding import stream_generator
 
 log = logging.getLogger(__name__)
@@ -132,10 +134,11 @@ class AuditSettings:
 
 
 def planned_epsilon(plan: PrivacyPlan) -> float:
-    """Return the epsilon the run will claim: its target, or the planned steps' epsilon."""
+    """Return the epsilon the run will claim: its target, or the planned steps' epsilon (of
+    its unit: a user-level plan's accountant is the user's)."""
     if plan.target_epsilon is not None:
         return float(plan.target_epsilon)
-    acc = PrivacyAccountant(plan.accountant, plan.sampling)
+    acc = PrivacyAccountant(plan.accountant, plan.sampling, user=plan.user)
     acc.step(noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate,
              count=plan.total_steps)
     return acc.get_epsilon(plan.delta)
@@ -181,7 +184,7 @@ class CanaryGradients:
     """
 
     def __init__(self, engine: Any, canary_param: int, norm: float,
-                 unclipped: bool = False) -> None:
+                 unclipped: bool = False, rows_per_canary: int = 1) -> None:
         if not engine.materialises:
             raise ConfigError("the audit needs per-example gradients: use "
                               "trainer.grad_sample_mode=hooks or functorch")
@@ -191,22 +194,37 @@ class CanaryGradients:
         #: TESTS ONLY (``audit.break_mechanism=clipping``): sum the unclipped gradients and
         #: hand the loop's check the factors it asked for (``broken.unclipped_sum``)
         self.unclipped = unclipped
+        #: privacy.unit=user (ULS): each canary is a canary USER of k identical Dirac rows,
+        #: clipped as one user (its rows' sum); 1: a canary example
+        self.rows_per_canary = rows_per_canary
 
     def clipped_sum(self, loss_fn, batch, points, factors_fn, observe=None) -> ClippedSum:
         clipped_sum = unclipped_sum if self.unclipped else clip_materialised
         return clipped_sum(self.per_example, self.params, self.engine.names, loss_fn, batch,
                            points, factors_fn, observe)
 
+    def clipped_user_sum(self, loss_fn, batch, users, points, factors_fn) -> ClippedSum:
+        """ULS: the rows' users, then each active canary user's k rows (ids below every real
+        one), clipped per user by the loop's own per-user path (or, broken on purpose,
+        ``broken.per_user_clip_broken``)."""
+        canary_users = torch.tensor([-1 - c for c in self.active
+                                     for _ in range(self.rows_per_canary)],
+                                    dtype=users.dtype, device=users.device)
+        users = torch.cat([users, canary_users])
+        clip = per_user_clip_broken if self.unclipped else clip_per_user
+        return clip(self.per_example, self.params, loss_fn, batch, users, points, factors_fn)
+
     def per_example(self, loss_fn, batch) -> tuple[list[torch.Tensor], torch.Tensor]:
         grads, losses = self.engine.per_example(loss_fn, batch)
         if not self.active:
             return grads, losses
-        rows = [torch.zeros((len(self.active), *p.shape), dtype=g.dtype, device=g.device)
+        k = self.rows_per_canary
+        rows = [torch.zeros((len(self.active) * k, *p.shape), dtype=g.dtype, device=g.device)
                 for p, g in zip(self.params, grads)]
-        for row, canary in enumerate(self.active):
+        for row, canary in enumerate(c for c in self.active for _ in range(k)):
             rows[self.canary_param][row].view(-1)[canary] = self.norm
         # a canary row has a finite (zero) loss, so the loop keeps it like a real example
-        losses = torch.cat([losses, losses.new_zeros(len(self.active))])
+        losses = torch.cat([losses, losses.new_zeros(len(self.active) * k)])
         return [torch.cat([g, r]) for g, r in zip(grads, rows)], losses
 
     def __getattr__(self, name: str) -> Any:
@@ -222,8 +240,9 @@ class CanaryAudit(Callback):
     """
 
     def __init__(self, audit: AuditSettings, unsampled: float, model: CanaryModel,
-                 clip_norm: float) -> None:
+                 clip_norm: float, rows_per_canary: int = 1) -> None:
         self.audit, self.unsampled, self.model = audit, unsampled, model
+        self.rows_per_canary = rows_per_canary  # privacy.unit=user (ULS): k, canary users
         self.unclipped = audit.break_mechanism == "clipping"  # TESTS ONLY
         self.canary_norm = audit.canary_norm * clip_norm
         gen = stream_generator(audit.seed, "audit_secrets")  # streams of their own
@@ -236,7 +255,8 @@ class CanaryAudit(Callback):
     def wrap_engine(self, engine: Any) -> CanaryGradients:
         weight = self.model.canary.weight
         index = next(i for i, p in enumerate(engine.params) if p is weight)
-        self.engine = CanaryGradients(engine, index, self.canary_norm, self.unclipped)
+        self.engine = CanaryGradients(engine, index, self.canary_norm, self.unclipped,
+                                      self.rows_per_canary)
         return self.engine
 
     def on_step_start(self, view: LoopView) -> None:
@@ -306,7 +326,14 @@ class CanaryRun:
 
     def __call__(self, *, method: Any, model: nn.Module, privacy: Any, trainer: Any,
                  data: Any, callbacks: list[Callback] | None = None, **kwargs: Any) -> Trainer:
-        plan = run_plan(method, privacy, trainer, data)  # the Trainer's own, bands included
+        user = (user_setup(privacy, trainer, method, data, kwargs["seed"])
+                if method.private and privacy.enabled else None)
+        if user is not None and not user.per_user_clipping:
+            raise ConfigError("dpbench-audit under privacy.unit=user supports "
+                              "privacy.user_strategy=uls (canary users sampled as users); "
+                              "els samples a user's canary records one by one, which the "
+                              "audit does not model")
+        plan = run_plan(method, privacy, trainer, data, user)  # the Trainer's own plan
         if not plan.private:
             raise ConfigError(f"method {method.name!r} releases without noise (epsilon = "
                               "inf): there is nothing to audit")
@@ -315,7 +342,8 @@ class CanaryRun:
         unsampled = unsampled_probability(plan.sample_rate, plan.total_steps, plan.bands)
         audit = self.settings.sized(planned_epsilon(plan), plan.delta, unsampled)
         canary_model = CanaryModel(model, audit.canaries)
-        self.canaries = CanaryAudit(audit, unsampled, canary_model, privacy.clip_norm)
+        self.canaries = CanaryAudit(audit, unsampled, canary_model, privacy.clip_norm,
+                                    user.k if user is not None else 1)
         method = broken(method, audit.break_mechanism)  # TESTS ONLY; "none": itself
         self.trainer = Trainer(
             method=method, model=canary_model, privacy=privacy, data=data,

@@ -47,6 +47,9 @@ class PrivacyPlan:
     sampling: Sampling = Sampling()
     #: set when ``privacy.accountant`` was null: which accountant was chosen, and why
     accountant_note: str | None = None
+    #: privacy.unit=user: the strategy and k (``user_level.UserLevel``; ``user_plan.py``);
+    #: None: the unit is one example
+    user: Any = None
 
 
 @dataclass(frozen=True)

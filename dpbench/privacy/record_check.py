@@ -134,7 +134,7 @@ def check_record_epsilon(record: Mapping[str, Any], what: str = "results.json"
     ledger, steps, delta, sampling = _checked_ledger(record, ledger, what)
     accountant = record.get("accountant")
     history = ledger_history(ledger)
-    derived = _accounted(history, sampling, delta, accountant, what)
+    derived = _accounted(history, sampling, delta, accountant, what, _record_user(record, what))
     if stated is None or not math.isclose(_number(stated, f"{what}: epsilon"), derived,
                                           rel_tol=EPSILON_RTOL, abs_tol=1e-12):
         raise LedgerMismatch(f"{what} states epsilon {stated!r}, but its ledger gives "
@@ -207,7 +207,8 @@ def _ledger_sampling(record: Mapping[str, Any], ledger: list[dict[str, Any]],
     return sampling
 
 
-def _check_convention(record: Mapping[str, Any], sampling: Any, what: str) -> None:
+def _check_convention(record: Mapping[str, Any], sampling: Any, what: str,
+                      user: Any = None) -> None:
     """Refuse a record whose ``mechanism.convention`` (or ``mechanism.neighbouring``) is not
     the one its ledger's sampler and relation state (``samplers.convention``): a reader
     following it would double-count or halve the replace-one factor 2. Records written
@@ -218,6 +219,10 @@ def _check_convention(record: Mapping[str, Any], sampling: Any, what: str) -> No
     if not isinstance(mechanism, Mapping):
         return
     expected = convention(sampling or Sampling())
+    if user is not None:  # a user-level record: its strategy's reading (user_level.py)
+        from dpbench.privacy.user_level import user_convention
+
+        expected = user_convention(user, (sampling or Sampling()).neighbouring)
     stated = mechanism.get("convention")
     if stated is not None and stated != expected:
         raise LedgerMismatch(
@@ -315,7 +320,26 @@ def epsilon_after(record: Mapping[str, Any], step: int, what: str = "results.jso
         if take > 0:
             prefix.append({**entry, "steps": take})
             left -= take
-    return _accounted(ledger_history(prefix), sampling, delta, record.get("accountant"), what)
+    return _accounted(ledger_history(prefix), sampling, delta, record.get("accountant"), what,
+                      _record_user(record, what))
+
+
+def _record_user(record: Mapping[str, Any], what: str) -> Any:
+    """Return the record's user-level strategy and k (``user_level.UserLevel``) when its
+    ``privacy_unit`` is ``user``, else None; LedgerMismatch if it names no valid one. The
+    ledger's steps are then accounted by that strategy's accountant (the unit followed)."""
+    if record.get("privacy_unit") != "user":
+        return None
+    from dpbench.privacy.user_level import UserLevel
+
+    facts = record.get("user_level")
+    if not isinstance(facts, Mapping):
+        raise LedgerMismatch(f"{what}: privacy_unit is user but it has no user_level")
+    try:
+        return UserLevel(facts.get("strategy"), facts.get("max_examples_per_user"))
+    except Exception as err:  # noqa: BLE001 - a one-line ConfigError naming the key
+        raise LedgerMismatch(f"{what}: user_level is not a user-level strategy ({err})"
+                             ) from None
 
 
 def _checked_ledger(record: Mapping[str, Any], ledger: Any, what: str
@@ -336,18 +360,26 @@ def _checked_ledger(record: Mapping[str, Any], ledger: Any, what: str
     if not 0 < delta < 1:
         raise LedgerMismatch(f"{what}: delta {delta!r} is not in (0, 1)")
     sampling = _ledger_sampling(record, ledger, what)
-    _check_convention(record, sampling, what)
+    _check_convention(record, sampling, what, _record_user(record, what))
     return ledger, steps, delta, sampling
 
 
-def _accounted(history: Any, sampling: Any, delta: float, accountant: Any, what: str) -> float:
+def _accounted(history: Any, sampling: Any, delta: float, accountant: Any, what: str,
+               user: Any = None) -> float:
     """Return the epsilon of a ledger's ``history`` under its sampler (None: Poisson under
-    add/remove) by ``accountant`` at ``delta``; LedgerMismatch if it cannot be accounted."""
+    add/remove) by ``accountant`` at ``delta``; LedgerMismatch if it cannot be accounted.
+    ``user`` (a user-level record): by the strategy's accountant (``user_level``)."""
     from dpbench.privacy.accountant import compose_epsilon
 
     try:
         if not history:
             return 0.0
+        if user is not None:
+            from dpbench.privacy.samplers import ADD_REMOVE
+            from dpbench.privacy.user_level import user_epsilon
+
+            return user_epsilon(user, history, delta, accountant,
+                                sampling.neighbouring if sampling is not None else ADD_REMOVE)
         if sampling is None:
             return compose_epsilon(history, delta, accountant)
         from dpbench.privacy.accountant import epsilon as poisson_epsilon

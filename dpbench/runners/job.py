@@ -237,8 +237,10 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
         plan = trainer.plan
         if plan.accountant_note:
             log.info(plan.accountant_note)
-        log.info("N=%d q=%.4g steps=%d sigma=%.4g delta=%s accountant=%s sampler=%s "
-                 "neighbouring=%s", len(trainer.data.train), plan.sample_rate, plan.total_steps,
+        log.info("N=%d%s q=%.4g steps=%d sigma=%.4g delta=%s accountant=%s sampler=%s "
+                 "neighbouring=%s", trainer.units, f" ({plan.user.strategy} units of "
+                 "privacy.unit=user)" if plan.user is not None else "", plan.sample_rate,
+                 plan.total_steps,
                  plan.noise_multiplier, plan.delta, plan.accountant, plan.sampling.sampler,
                  plan.sampling.neighbouring)
         if start is not None:

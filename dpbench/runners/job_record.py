@@ -56,6 +56,9 @@ def print_done(cfg: DictConfig, result: dict, run_dir: Path) -> None:
     print(f"dpbench: {cfg.method.name} on {cfg.dataset.name}/{cfg.model.name}: "
           f"epsilon {eps if math.isinf(eps) else round(eps, 4)} (target "
           f"{result['target_epsilon']}, delta {result['delta']}, "
-          f"{RELATION_LABEL.get(result.get('neighbouring'), 'add/remove')}), "
+          f"{RELATION_LABEL.get(result.get('neighbouring'), 'add/remove')}"
+          + (f", per user ({result['user_level']['strategy']}, k="
+             f"{result['user_level']['max_examples_per_user']})"
+             if result.get("privacy_unit") == "user" else "") + "), "
           + (f"test accuracy {acc:.4f}, " if acc is not None else "")
           + f"results in {run_dir / RESULTS_NAME}")

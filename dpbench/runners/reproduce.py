@@ -52,7 +52,8 @@ from dpbench.utils.safe_json import UnsafeFile, read_json
 
 log = logging.getLogger("dpbench.reproduce")
 SPEC_DIR = Path(__file__).resolve().parents[2] / "conf" / "reproduce"
-PAPERS = ("bounded_adaclip", "fiber", "dp_ivon", "spectral", "dp_adaln", "samplers", "mia")
+PAPERS = ("bounded_adaclip", "fiber", "dp_ivon", "spectral", "dp_adaln", "samplers", "mia",
+          "user_level")
 #: what a sweep runs (its ``program``): training runs, or membership inference per cell
 PROGRAMS = {"dpbench": "dpbench", "mia": "dpbench.audit.mia"}
 _QUIET = ["logger=none", "trainer.progress=false"]

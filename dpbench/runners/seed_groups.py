@@ -92,7 +92,7 @@ def grouping_check(cfg: DictConfig, hc: Any, spec: Any) -> None:
         task=str(cfg.dataset.get("task") or "classification"),
         private=bool(spec.privacy.enabled), sampler=spec.trainer.sampler,
         precision=spec.trainer.precision, grad_sample_mode=spec.trainer.grad_sample_mode,
-        distributed=False)
+        distributed=False, unit=spec.privacy.unit)
     if reason is not None:
         raise ConfigError(reason)
 

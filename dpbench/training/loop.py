@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -32,6 +32,7 @@ from dpbench.errors import ConfigError
 from dpbench.methods.base import DPMethod, HeldOut, Released, RunInfo, StepContext, Update
 from dpbench.privacy import PrivacyAccountant, PrivacyLedger
 from dpbench.privacy.plan import PrivacyPlan, account_release, plan_privacy, step_plan
+from dpbench.privacy.user_plan import plan_user_privacy
 from dpbench.tasks.base import Task
 from dpbench.training.distributed import Collective, device_name, resolve_device, shard_loader
 from dpbench.training.engine.check import EngineVerifier, record_check
@@ -45,6 +46,8 @@ from dpbench.training.run_state import RunCheckpoint, restore_run_state, run_sta
 from dpbench.training.sampling import remaining_batches, training_loader
 from dpbench.training.step import apply_release, private_release
 from dpbench.training.summary import run_summary
+from dpbench.training.user_sampling import els_dataset, uls_loader
+from dpbench.training.user_unit import UserSetup, user_setup
 from dpbench.utils.seeding import run_streams, seed_everything, stream_generator
 from dpbench.utils.tensors import move_to, parameters_at
 
@@ -92,9 +95,17 @@ class Callback:
 
 
 def run_plan(method: DPMethod, privacy: PrivacyConfig, trainer: TrainerConfig,
-             data: TaskData) -> PrivacyPlan:
+             data: TaskData, user: UserSetup | None = None) -> PrivacyPlan:
     """Return the privacy plan of a run (its rate, steps, sigma and the mechanism's bands):
-    the one place it is built, read by the Trainer and by the audit's sizing."""
+    the one place it is built, read by the Trainer and by the audit's sizing.
+
+    ``user`` (privacy.unit=user, ``user_unit.user_setup``): planned over the units its
+    strategy samples (U users, or the N_k capped examples) by ``privacy.user_plan``."""
+    if user is not None:
+        plan, accounted = plan_user_privacy(privacy, trainer, user.facts.users,
+                                            user.facts.kept_examples, method.private,
+                                            method.planned_bands())
+        return replace(plan, user=accounted)
     return plan_privacy(privacy, trainer, len(data.train), method.private,
                         method.planned_bands())
 
@@ -140,7 +151,11 @@ class Trainer:
         self.checkpoint = RunCheckpoint(self.run_dir, trainer)
         self.callbacks = callbacks or []
         self.device = resolve_device(trainer.device, self.collective)
-        self.plan = run_plan(method, privacy, trainer, data)
+        # privacy.unit=user: each row's user and the per-user cap (None: the unit is an example)
+        self.user = (user_setup(privacy, trainer, method, data, seed,
+                                self.collective.distributed)
+                     if method.private and privacy.enabled else None)
+        self.plan = run_plan(method, privacy, trainer, data, self.user)
         names = {id(p): name for name, p in model.named_parameters()}
         self.model, self.data = prepare_model(method, model, data, self.device, trainer,
                                               self.plan.private, seed)
@@ -156,13 +171,16 @@ class Trainer:
         if self.plan.private:  # the engine is chosen and checked before any release
             self.engine, check, self.engine_rejected = build_verified_engine(
                 trainer.grad_sample_mode, self.model, method, task, self._verifier(),
-                materialise, trainer.precision)
+                materialise, trainer.precision,
+                per_user=self.user is not None and self.user.per_user_clipping)
             self.grad_sample_mode = self.engine.mode
             record_check(self.engine_checks, check, "start", step=0)
             if engine_wrapper is not None:  # e.g. the audit's canary rows (after the check)
                 self.engine = engine_wrapper(self.engine)
+        # the units the sampler draws from: examples, or (privacy.unit=user) U users / N_k rows
+        self.units = self.plan.sampling.dataset_size if self.user else len(data.train)
         self.info = RunInfo(
-            dataset_size=len(data.train), expected_batch_size=self.plan.expected_batch_size,
+            dataset_size=self.units, expected_batch_size=self.plan.expected_batch_size,
             sample_rate=self.plan.sample_rate, total_steps=self.plan.total_steps,
             noise_multiplier=self.plan.noise_multiplier, clip_norm=privacy.clip_norm,
             private=self.plan.private, task=data.task, device=self.device,
@@ -175,7 +193,8 @@ class Trainer:
             if self.plan.private else 0.0, cyclic=bands is not None)
         self.noise_shaper = self.mechanism.noise_shaper(self.info) if self.plan.private else None
         self.clip_norm = privacy.clip_norm
-        self.accountant = (PrivacyAccountant(self.plan.accountant, self.plan.sampling)
+        self.accountant = (PrivacyAccountant(self.plan.accountant, self.plan.sampling,
+                                             user=self.plan.user)
                            if self.plan.private else None)
         self.ledger = PrivacyLedger()
         self.generators = {**run_streams(seed, self.device, self.collective.rank
@@ -186,9 +205,7 @@ class Trainer:
         task.generator = self.generators["task"]
         self.task = with_precision(task, trainer.precision, self.device)  # forward only
         seed_everything(seed, "global")  # what still draws from torch's global RNG (dropout)
-        loader, self.batch_sampler = training_loader(
-            self.data.train, self.plan, seed, self.sampler_generator,
-            cyclic=bands is not None)
+        loader, self.batch_sampler = self._training_loader(seed, cyclic=bands is not None)
         # K processes: the global batch (any sampler), each rank its slice (distributed.py)
         self.train_loader = shard_loader(loader, self.collective)
         self.devices = self.collective.gather_strings(device_name(self.device))
@@ -200,6 +217,20 @@ class Trainer:
         self.wall_time_s, self.skipped_steps = 0.0, 0
         self._resume_verified = False  # the engine checked again after a resume
 
+    def _training_loader(self, seed: int, cyclic: bool) -> tuple[DataLoader, Any]:
+        """Return the training loader and its stateful sampler: ``trainer.sampler``'s, or under
+        privacy.unit=user Poisson over users (ULS, batches of (rows, user ids)) or over the
+        rows kept under the cap (ELS); ``user_sampling.py``."""
+        if self.user is None:
+            return training_loader(self.data.train, self.plan, seed, self.sampler_generator,
+                                   cyclic=cyclic)
+        if self.user.per_user_clipping:
+            return uls_loader(self.data.train, self.user.users, self.user.kept,
+                              self.plan.sample_rate, self.plan.steps_per_epoch,
+                              self.sampler_generator)
+        return training_loader(els_dataset(self.data.train, self.user.kept), self.plan, seed,
+                               self.sampler_generator, cyclic=False)
+
     def epsilon(self) -> float:
         return self.accountant.get_epsilon(self.plan.delta) if self.plan.private else math.inf
 
@@ -208,11 +239,14 @@ class Trainer:
             step=self.step, epoch=self.epoch, private=self.plan.private,
             noise_multiplier=self.plan.noise_multiplier, clip_norm=self.clip_norm,
             expected_batch_size=self.plan.expected_batch_size,
-            sample_rate=self.plan.sample_rate, dataset_size=len(self.data.train),
+            sample_rate=self.plan.sample_rate, dataset_size=self.units,
             total_steps=self.plan.total_steps, method_generator=self.generators["method"])
 
     def train_step(self, batch: Any) -> dict[str, Any]:
         """One logical step: release (private) or exact gradient, then the update."""
+        users = None
+        if self.user is not None and self.user.per_user_clipping:  # ULS: (rows, user ids)
+            batch, users = batch
         ctx, batch = self._context(), move_to(batch, self.device)
         physical = self.settings.max_physical_batch_size
         if self.plan.private:
@@ -220,7 +254,8 @@ class Trainer:
             ctx.noise_std = self.step_plan.released_noise_std(self.mechanism.sensitivity(ctx))
             release = private_release(self.mechanism, self.engine, self.task, batch, ctx,
                                       self.step_plan, physical, self.noise_shaper,
-                                      noise=self.noise_generator, collective=self.collective)
+                                      noise=self.noise_generator, collective=self.collective,
+                                      users=users)
             # the release happened: account before anything can fail
             account_release(self.plan, self.ledger, self.accountant, self.step, release.queries)
             self._emit("on_release", Released(

@@ -74,7 +74,8 @@ GROUPABLE_TASKS = frozenset({"classification"})
 
 
 def grouping_refusal(*, method: str, model: str, task: str, private: bool, sampler: str,
-                     precision: str, grad_sample_mode: str, distributed: bool) -> str | None:
+                     precision: str, grad_sample_mode: str, distributed: bool,
+                     unit: str = "example") -> str | None:
     """Return the one-line reason ``trainer.seeds_at_once > 1`` cannot group this cell, or
     None (checked per seed, before anything is built)."""
     if model not in GROUPABLE_MODELS:
@@ -96,6 +97,9 @@ def grouping_refusal(*, method: str, model: str, task: str, private: bool, sampl
                 f"leave trainer.grad_sample_mode=auto (got {grad_sample_mode})")
     if distributed:
         return "trainer.seeds_at_once runs in one process, not under torchrun"
+    if unit != "example":
+        return ("trainer.seeds_at_once groups example-level runs only (per-user clipping is "
+                f"not vectorised over seeds), not privacy.unit={unit}")
     return None
 
 

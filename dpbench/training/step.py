@@ -36,7 +36,7 @@ from dpbench.methods.base import (
 from dpbench.privacy.ledger import Query
 from dpbench.privacy.plan import StepPlan
 from dpbench.tasks.base import Task
-from dpbench.training.batches import batch_size, physical_chunks
+from dpbench.training.batches import batch_size, physical_chunks, slice_batch
 from dpbench.training.distributed import Collective
 from dpbench.training.engine.protocol import Engine
 
@@ -60,10 +60,11 @@ class Release:
     clipped_fraction: float = 0.0  # diagnostic only
 
 
-def _check_bound(name: str, contributions: torch.Tensor, bound: float) -> None:
+def _check_bound(name: str, contributions: torch.Tensor, bound: float,
+                 unit: str = "example") -> None:
     if contributions.numel() and float(contributions.max()) > bound * (1 + SENSITIVITY_SLACK):
         raise PrivacyError(
-            f"{name}: one example contributes {float(contributions.max()):.6g} but the "
+            f"{name}: one {unit} contributes {float(contributions.max()):.6g} but the "
             f"accountant assumes a sensitivity of {bound:.6g}; refusing to release")
 
 
@@ -94,13 +95,18 @@ def plan_at(mechanism: Mechanism, sigma: float, expected_batch_size: float) -> S
 
 
 def clipped_aggregate(mechanism: Mechanism, engine: Engine, task: Task, batch,
-                      ctx: StepContext, plan: StepPlan, max_physical: int | None
-                      ) -> Aggregate:
+                      ctx: StepContext, plan: StepPlan, max_physical: int | None,
+                      users: torch.Tensor | None = None) -> Aggregate:
     """Return sum_i w_i u_i and the extra queries' sums, checked against their sensitivity.
 
     Stages 3-5 and the pre-noise half of stage 6; ``private_release`` adds the noise. Tests
     call this on neighbouring batches to check the sensitivity the accountant assumes. The
     check cannot be turned off: a release whose contributions exceed it is refused.
+
+    ``users`` (privacy.unit=user, user-level sampling): each row's user id; the unit clipped
+    is then the user (``engine.clipped_user_sum``: each user's gradient sum before its norm,
+    ``engine/per_user.py``), the norms, factors and extra queries are per user, and the
+    physical chunks never split a user (``user_chunks``).
     """
     params = engine.params
     points = tuple(mechanism.evaluation_points(ctx))
@@ -110,16 +116,25 @@ def clipped_aggregate(mechanism: Mechanism, engine: Engine, task: Task, batch,
     extra_specs: dict[str, ExtraQuery] = {}
     losses, norms_all, factors_all = [], [], []
     n = batch_size(batch)
-    chunks = physical_chunks(batch, max_physical) if n > 0 else []
+    if users is not None:
+        chunks = user_chunks(batch, users, max_physical) if n > 0 else []
+    else:
+        chunks = ((c, None) for c in physical_chunks(batch, max_physical)) if n > 0 else []
+    unit = "example" if users is None else "user"
     observe = None
-    if task.observes_gradients:  # diagnostics only (off by default): un-privatised
+    if task.observes_gradients and users is None:  # diagnostics (off by default)
         def observe(rows: dict[str, torch.Tensor], norms: torch.Tensor) -> None:
             task.observe_per_example_gradients(rows, norms, ctx.clip_norm)
-    for chunk in chunks:  # stages 3-5: the engine's protocol call (engine/protocol.py)
-        chunk_sums, norms, factors, loss, kept = engine.clipped_sum(
-            task.per_example_loss, chunk, points, lambda nr: mechanism.clip_factors(nr, ctx),
-            observe)
-        _check_bound("gradient", factors * norms, sensitivity)
+    for chunk, chunk_users in chunks:  # stages 3-5: the engine's protocol call (protocol.py)
+        if chunk_users is None:
+            chunk_sums, norms, factors, loss, kept = engine.clipped_sum(
+                task.per_example_loss, chunk, points,
+                lambda nr: mechanism.clip_factors(nr, ctx), observe)
+        else:
+            chunk_sums, norms, factors, loss, kept = engine.clipped_user_sum(
+                task.per_example_loss, chunk, chunk_users, points,
+                lambda nr: mechanism.clip_factors(nr, ctx))
+        _check_bound("gradient", factors * norms, sensitivity, unit)
         if sums is None:
             sums = list(chunk_sums)
         else:
@@ -128,7 +143,7 @@ def clipped_aggregate(mechanism: Mechanism, engine: Engine, task: Task, batch,
         every = bool(kept.all())  # the common case: no boolean indexing
         kept_norms = norms if every else norms[kept.to(norms.device)]
         for q in mechanism.extra_queries(kept_norms, ctx):  # dropped examples make no query
-            _check_bound(q.name, q.values.abs(), q.sensitivity)
+            _check_bound(q.name, q.values.abs(), q.sensitivity, unit)
             extra_sums[q.name] = extra_sums.get(q.name, 0.0) + q.values.sum()
             extra_specs[q.name] = q
         losses.append(_detached(loss))
@@ -144,6 +159,24 @@ def clipped_aggregate(mechanism: Mechanism, engine: Engine, task: Task, batch,
         sums=sums, extra_sums=extra_sums, extra_specs=extra_specs, queries=queries,
         realised_batch=n, losses=_joined(losses), norms=_joined(norms_all),
         factors=_joined(factors_all), points=points)
+
+
+def user_chunks(batch: Any, users: torch.Tensor, max_size: int | None):
+    """Yield (rows, their user ids) in pieces of at most ``max_size`` rows that never split a
+    user (a user's rows are contiguous in a user-level batch; a user with more rows than
+    ``max_size`` is one piece of its own)."""
+    n = batch_size(batch)
+    if not max_size or n <= max_size:
+        yield batch, users
+        return
+    change = (users[1:] != users[:-1]).nonzero().flatten().add(1).tolist()
+    bounds = [0, *change, n]
+    start = 0
+    for a, b in zip(bounds, bounds[1:]):
+        if b - start > max_size and a > start:
+            yield slice_batch(batch, start, a), users[start:a]
+            start = a
+    yield slice_batch(batch, start, n), users[start:n]
 
 
 def _detached(x: torch.Tensor) -> torch.Tensor:
@@ -162,7 +195,8 @@ def private_release(mechanism: Mechanism, engine: Engine, task: Task, batch,
                     ctx: StepContext, plan: StepPlan, max_physical: int | None,
                     noise_shaper: NoiseShaper | None = None, *,
                     noise: torch.Generator | None = None,
-                    collective: Collective | None = None) -> Release:
+                    collective: Collective | None = None,
+                    users: torch.Tensor | None = None) -> Release:
     """Return the noisy mean gradient and extra queries of one logical step.
 
     ``noise`` is the run's noise stream: the release is the only code given it (the
@@ -178,7 +212,7 @@ def private_release(mechanism: Mechanism, engine: Engine, task: Task, batch,
     and adds the noise, and every rank receives rank 0's release.
     """
     collective = collective or ONE_PROCESS
-    agg = clipped_aggregate(mechanism, engine, task, batch, ctx, plan, max_physical)
+    agg = clipped_aggregate(mechanism, engine, task, batch, ctx, plan, max_physical, users)
     sums, extra_sums, extra_specs, queries = agg.sums, agg.extra_sums, agg.extra_specs, agg.queries
     device = sums[0].device
     noisy_extras = {name: torch.as_tensor(extra_sums.get(name, 0.0), device=device,

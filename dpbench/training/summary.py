@@ -13,7 +13,9 @@ from typing import Any
 
 from dpbench.privacy.gap import gap_record
 from dpbench.privacy.ledger import run_event, to_json
+from dpbench.privacy.record_check import ledger_history
 from dpbench.privacy.samplers import convention
+from dpbench.privacy.user_level import user_convention, user_dp_event
 
 #: what results.json says about ``unprivatised_diagnostics`` (see docs/privacy-unit-and-streams.md)
 UNPRIVATISED_DIAGNOSTICS_NOTE = (
@@ -55,12 +57,26 @@ def mechanism_record(trainer: Any) -> dict[str, Any]:
     a serialised dp-accounting ``DpEvent`` (privacy/ledger.py), re-accounted by
     ``privacy.verify.event_epsilon``."""
     plan = trainer.step_plan
+    user = trainer.plan.user
+    if user is not None and plan.private:  # privacy.unit=user: the strategy's own event
+        event = user_dp_event(user, ledger_history(trainer.ledger.to_json()))
+    else:
+        event = run_event(trainer.ledger.to_json(), plan.private, plan.sampling)
     return {"sampling": plan.sampling, "bands": plan.bands,
             "neighbouring": trainer.plan.sampling.neighbouring,
             # what the event's multipliers are relative to, and who reads them (C or 2C)
-            "convention": convention(trainer.plan.sampling),
+            "convention": (user_convention(user, trainer.plan.sampling.neighbouring)
+                           if user is not None else convention(trainer.plan.sampling)),
             "gradient_noise_multiplier": plan.gradient_noise_multiplier,
-            "event": to_json(run_event(trainer.ledger.to_json(), plan.private, plan.sampling))}
+            "event": to_json(event)}
+
+
+def user_level_record(trainer: Any) -> dict[str, Any]:
+    """Return results.json's ``user_level`` (privacy.unit=user): the strategy, k, the
+    partition's public sizes, how the cap chose rows, and what each user's clip bounds."""
+    setup = trainer.user
+    return {**setup.facts.record(),
+            "clipped": "user gradient sum" if setup.per_user_clipping else "example gradient"}
 
 
 def run_summary(trainer: Any) -> dict[str, Any]:
@@ -90,9 +106,15 @@ def run_summary(trainer: Any) -> dict[str, Any]:
            {"sampler": plan.sampling.sampler, "neighbouring": plan.sampling.neighbouring}),
         "clip_norm": trainer.clip_norm if plan.private else None,
         "grad_sample_mode": trainer.grad_sample_mode,
-        "dataset_size": len(trainer.data.train),
-        # what one "example" of epsilon protects (time series: window or observation)
-        "privacy_unit": trainer.data.extras.get("privacy_unit", "example"),
+        # the units the sampler draws from (privacy.unit=user: U users under uls, the N_k
+        # rows kept under the per-user cap under els)
+        "dataset_size": getattr(trainer, "units", len(trainer.data.train)),
+        # what one "example" of epsilon protects (time series: window or observation), or
+        # every record of one user (privacy.unit=user)
+        "privacy_unit": ("user" if getattr(trainer, "user", None) is not None
+                         else trainer.data.extras.get("privacy_unit", "example")),
+        **({"user_level": user_level_record(trainer)}
+           if getattr(trainer, "user", None) is not None else {}),
         "metrics": metrics,
         "history": trainer.history,
         "step_history": trainer.step_history,

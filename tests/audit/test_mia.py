@@ -98,7 +98,9 @@ def test_lira_augment_queries_shifted_images(tmp_path):
 @pytest.mark.parametrize("override, key", [("mia.pool_size=100000", "mia.pool_size"),
                                            ("mia.attacks=[loss,foo]", "mia.attacks"),
                                            ("mia.headline=lira_online", "mia.headline"),
-                                           ("trainer.num_threads=0", "num_threads")])
+                                           ("trainer.num_threads=0", "num_threads"),
+                                           ("privacy.unit=user", "attacks records, not users")
+                                           ])
 def test_mia_cli_rejects_bad_settings_and_leaves_nothing(tmp_path, monkeypatch, capfd,
                                                          override, key):
     run_dir = tmp_path / "mia"

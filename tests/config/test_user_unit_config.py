@@ -82,9 +82,13 @@ def test_user_unit_is_refused_before_any_data_is_read():
                                   "privacy.accountant=rdp"))
     with pytest.raises(ConfigError, match=r"^trainer\.sampler=shuffle has no user-level"):
         build_spec(compose_config("privacy.unit=user", "trainer.sampler=shuffle"))
-    with pytest.raises(ConfigError, match=r"^privacy\.unit=user is accounted .* the training "
-                                          r"loop does not yet sample users"):
-        build_spec(compose_config("privacy.unit=user"))
+    assert build_spec(compose_config("privacy.unit=user")).privacy.unit == "user"
+    with pytest.raises(ConfigError, match=r"^method=dpadam is not verified under "
+                                          r"privacy\.unit=user"):
+        build_spec(compose_config("privacy.unit=user", "method=dpadam"))
+    with pytest.raises(ConfigError, match=r"^trainer\.grad_sample_mode=bk forms per-example "
+                                          r"norms only"):
+        build_spec(compose_config("privacy.unit=user", "trainer.grad_sample_mode=bk"))
     with pytest.raises(ConfigError, match=r"^dataset\.users must be one of"):
         build_spec(compose_config("dataset.users=households"))
 
@@ -92,7 +96,8 @@ def test_user_unit_is_refused_before_any_data_is_read():
 @pytest.mark.integration
 @pytest.mark.processes
 @pytest.mark.parametrize("overrides,message", [
-    (["privacy.unit=user"], "privacy.unit=user is accounted"),
+    (["privacy.unit=user", "method=dpadam"],
+     "method=dpadam is not verified under privacy.unit=user"),
     (["privacy.unit=user", "privacy.user_strategy=els", "privacy.accountant=prv"],
      "privacy.accountant=prv has no accounting for privacy.user_strategy=els"),
     (["privacy.unit=household"], "privacy.unit must be one of example, user"),

@@ -34,6 +34,11 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("dpbench/training/sampling.py", "`poisson_loader` (Opacus's `DPDataLoader` at rate "
          "q), `training_loader` (the dispatch on `trainer.sampler`), `remaining_batches` (a "
          "resumed epoch)"),
+        ("dpbench/training/user_sampling.py", "privacy.unit=user: `UserPoissonSampler` "
+         "(Poisson over users at q_u, whole users), `uls_loader`, `els_dataset` (the capped "
+         "rows)"),
+        ("dpbench/privacy/user_plan.py", "`plan_user_privacy` (rate over users or kept "
+         "examples, delta below 1/U, sigma calibrated by the strategy's accountant)"),
         ("dpbench/training/step.py", "`clipped_aggregate` (the sensitivity check, always on), "
          "`private_release` (the only code given the noise stream), `apply_release` (what the "
          "update and the mechanism's `advance` are handed: released values only)"),

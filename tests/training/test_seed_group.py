@@ -198,7 +198,8 @@ def test_grouping_refuses_in_one_line_naming_what():
                               ("sampler", "shuffle", "shuffle"),
                               ("precision", "bf16-mixed", "bf16-mixed"),
                               ("grad_sample_mode", "ghost", "ghost"),
-                              ("task", "generation", "generation")]:
+                              ("task", "generation", "generation"),
+                              ("unit", "user", "privacy.unit=user")]:
         reason = grouping_refusal(**{**common, key: value})
         assert reason is not None and named in reason and "\n" not in reason
 

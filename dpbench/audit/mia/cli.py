@@ -114,6 +114,10 @@ def mia_run(spec: RunSpec, run_dir: Path | None = None,
     from dpbench.experiment import load_data
 
     cfg = spec.cfg
+    if spec.privacy.unit == "user":  # before any data is read or any model trains
+        raise ConfigError("dpbench-mia attacks records, not users: user-level membership "
+                          "inference (all of a user's records in or out) is not built; run "
+                          "it with privacy.unit=example")
     settings = mia_settings(cfg)
     # the data sizes are checked here, before any model trains
     pool, population = pool_and_population(load_data(cfg), settings)

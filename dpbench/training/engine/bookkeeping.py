@@ -75,6 +75,7 @@ class BookKeepingEngine:
     mode = "bk"
     materialises = False
     combines_points_supported = True
+    per_user_supported = False  # per-example norms only (engine/per_user.py)
     float32_handover = True
 
     def __init__(self, model: nn.Module) -> None:

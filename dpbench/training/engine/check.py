@@ -24,6 +24,14 @@ combination too: ``d_i = w_1 g_i(theta) + w_2 g_i(theta + delta)`` with the fixe
 engine's own multi-point path (book-keeping's cross terms; the materialised gradients of each
 point under Opacus) against the same combination of plain-autograd gradients at both points.
 
+Under ``privacy.unit=user`` with user-level sampling (the engine's ``per_user``), the
+engine's per-user path (``clipped_user_sum``, ``per_user.py``) is checked too: the check's
+examples are given the user ids ``CHECK_USERS`` (one user holding several of them, out of
+order, and one holding one), and each user's norm ``||sum_{i in u} g_i||`` and the clipped
+sum ``sum_u min(1, c / ||D_u||) D_u`` (c half the smallest user norm) are compared with the
+same sums of the plain-autograd gradients. An engine that clips examples before summing, or
+groups rows by position instead of by user, fails it.
+
 Which examples: the first rows of the training set whose loss and gradient are finite, so no
 sampling or noise stream is drawn.
 The global RNG and the task's stream are saved and restored around the check, and every
@@ -65,6 +73,8 @@ TWO_POINT_WEIGHTS = (-0.5, 1.5)
 #: delta_p = DELTA_SCALE * rms(p) * N(0, 1) per parameter (a fixed draw, seed DELTA_SEED)
 DELTA_SCALE = 0.05
 DELTA_SEED = 20241
+#: the user id of each of the check's examples on the per-user path (module doc)
+CHECK_USERS = (7, 3, 7, 7)
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
 
@@ -358,6 +368,10 @@ class EngineVerifier:
                 check.worst_error = max(check.worst_error, two.worst_error)
                 check.error = two.error
                 check.failures = [f"{f} (two-point combination)" for f in two.failures]
+            if getattr(engine, "per_user", False) and check.passed:
+                batch, kept, grads, _ = self._reference
+                _compare_users(check, engine, self.loss_fn, batch, self.streams,
+                               list(engine.names), kept, grads)
         check.seconds = time.perf_counter() - start_time + self.reference_seconds
         self.reference_seconds = 0.0  # counted once, with the first engine checked
         return check
@@ -422,6 +436,60 @@ def _compare(check: EngineCheck, engine: Any, loss_fn: LossFn, batch, streams: _
         if base not in seen:
             seen.append(base)
     check.failures = seen
+
+
+def _compare_users(check: EngineCheck, engine: Any, loss_fn: LossFn, batch, streams: _Streams,
+                   names: list[str], kept_ref: torch.Tensor,
+                   grads: list[list[torch.Tensor]]) -> None:
+    """Add to ``check`` the engine's per-user norms and clipped sum against the per-user sums
+    of the plain-autograd gradients (the module doc; users ``CHECK_USERS``)."""
+    n = len(kept_ref)
+    users = torch.tensor([CHECK_USERS[i % len(CHECK_USERS)] for i in range(n)])
+    ids = torch.unique(users, sorted=True)
+    ref_users = [[sum((grads[i][j].double() for i in range(n)
+                       if kept_ref[i] and users[i] == u), torch.zeros_like(grads[0][j],
+                                                                         dtype=torch.float64))
+                  for j in range(len(names))] for u in ids.tolist()]
+    ref_norms = torch.stack([torch.linalg.vector_norm(torch.stack(
+        [torch.linalg.vector_norm(x) for x in g])) for g in ref_users])
+    clip = 0.5 * float(ref_norms.min()) or 1.0
+    factors = (clip / ref_norms.clamp_min(1e-300)).clamp(max=1.0)
+    ref_sum = [sum((float(factors[u]) * ref_users[u][j] for u in range(len(ids))),
+                   torch.zeros_like(ref_users[0][j])) for j in range(len(names))]
+
+    def clip_factors(norms: torch.Tensor) -> torch.Tensor:
+        return (clip / norms.clamp_min(1e-30)).clamp(max=1.0)
+
+    streams.reset()
+    try:
+        got = engine.clipped_user_sum(loss_fn, batch, users.to(check_device(batch)),
+                                      [CheckPoint()], clip_factors)
+    except Exception as err:  # noqa: BLE001 - a refusal or crash of the engine
+        message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        check.error = f"{type(err).__name__}: {message} (per-user sums)"
+        check.failures.append("the per-user sums")
+        check.worst_error = math.inf
+        return
+    if got.norms.shape[:1] != (len(ids),):
+        check.failures.append(f"the users ({got.norms.shape[0]} norms for {len(ids)} users)")
+        check.worst_error = math.inf
+        return
+    errors = {f"the norm of user {u}": abs(float(got.norms[k]) - float(ref_norms[k]))
+              / max(float(ref_norms[k]), 1e-300) for k, u in enumerate(ids.tolist())}
+    whole = float(sum(float(factors[u]) * float(ref_norms[u]) for u in range(len(ids))))
+    for name, a, r in zip(names, got.sums, ref_sum):
+        errors[f"{name} (per-user clipped sum)"] = _relative(a, r, max(FLOOR * whole, 1e-300))
+    check.worst_error = max(check.worst_error, *errors.values())
+    check.failures += [k for k, v in errors.items() if not v <= check.tolerance]
+
+
+def check_device(batch: Any) -> torch.device:
+    """Return the device of the first tensor in ``batch``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.device
+    if isinstance(batch, dict):
+        return check_device(next(iter(batch.values())))
+    return check_device(batch[0])
 
 
 def record_check(records: list[dict[str, Any]], check: EngineCheck, when: str,

@@ -19,6 +19,7 @@ from dpbench.errors import ConfigError
 from dpbench.training.engine import ghost, materialised  # noqa: F401 - they register engines
 from dpbench.training.engine.bookkeeping import bk_unsupported
 from dpbench.training.engine.check import EngineCheck, EngineVerifier
+from dpbench.training.engine.per_user import per_user_refusal
 from dpbench.training.engine.protocol import ENGINES, Engine
 
 log = logging.getLogger(__name__)
@@ -30,8 +31,11 @@ log = logging.getLogger(__name__)
 AUTO_FALLBACKS = ("hooks", "functorch")
 
 
-def needs_materialised(method: Any, task: Any, materialise: bool = False) -> str | None:
+def needs_materialised(method: Any, task: Any, materialise: bool = False,
+                       per_user: bool = False) -> str | None:
     """Return why this run needs materialised per-example gradients, or None."""
+    if per_user:
+        return "privacy.unit=user clips each user's gradient sum (engine/per_user.py)"
     if method.needs_per_example_grads:
         return f"method {method.name!r} reads materialised per-example gradients"
     if getattr(task, "observes_gradients", False) and not getattr(task, "observes_norms_only",
@@ -49,7 +53,7 @@ def combines_points(method: Any) -> bool:
 
 
 def refusal(mode: str, method: Any, task: Any, materialise: bool = False,
-            precision: str = "32-true") -> str | None:
+            precision: str = "32-true", per_user: bool = False) -> str | None:
     """Return the one-line refusal of the engine of ``mode`` for this run, or None.
 
     Read from the engine's declared capabilities (the protocol's class attributes): whether
@@ -58,6 +62,8 @@ def refusal(mode: str, method: Any, task: Any, materialise: bool = False,
     """
     engine, need = ENGINES.get(mode), needs_materialised(method, task, materialise)
     name = f"trainer.grad_sample_mode={mode}"
+    if per_user and not engine.per_user_supported:
+        return per_user_refusal(mode)
     if need is not None and not engine.materialises:
         return (f"{name} forms clipped sums only, but {need}: use "
                 "trainer.grad_sample_mode=hooks (or auto)")
@@ -73,17 +79,18 @@ def refusal(mode: str, method: Any, task: Any, materialise: bool = False,
 
 
 def choose_grad_sample_mode(requested: str, model: nn.Module, method: Any, task: Any,
-                            materialise: bool = False, precision: str = "32-true") -> str:
+                            materialise: bool = False, precision: str = "32-true",
+                            per_user: bool = False) -> str:
     """Return the engine mode to run: ``requested``, or for ``auto`` bk where exact, else hooks.
 
     Raises ``ConfigError`` when the requested engine cannot run this method and task.
     """
     if requested != "auto":
-        why = refusal(requested, method, task, materialise, precision)
+        why = refusal(requested, method, task, materialise, precision, per_user)
         if why is not None:
             raise ConfigError(why)
         return requested
-    need = needs_materialised(method, task, materialise)
+    need = needs_materialised(method, task, materialise, per_user)
     if need is not None:
         log.info("grad_sample_mode=auto: hooks (%s)", need)
         return "hooks"
@@ -106,7 +113,8 @@ def _one_line(err: BaseException) -> str:
 
 def build_verified_engine(requested: str, model: nn.Module, method: Any, task: Any,
                           verifier: EngineVerifier, materialise: bool = False,
-                          precision: str = "32-true") -> tuple[Engine, EngineCheck, list[dict]]:
+                          precision: str = "32-true", per_user: bool = False
+                          ) -> tuple[Engine, EngineCheck, list[dict]]:
     """Return (engine, its passed check, the engines rejected before it, with why).
 
     ``verifier`` runs the per-run check (``engine_check.EngineVerifier``); its plain-autograd
@@ -118,11 +126,12 @@ def build_verified_engine(requested: str, model: nn.Module, method: Any, task: A
     moves on to the next. None passing refuses the run. All of this happens before any
     release.
     """
-    first = choose_grad_sample_mode(requested, model, method, task, materialise, precision)
+    first = choose_grad_sample_mode(requested, model, method, task, materialise, precision,
+                                    per_user)
     verifier.prepare()
     rejected: list[dict] = []
     if requested == "auto":
-        if first != "bk" and needs_materialised(method, task, materialise) is None:
+        if first != "bk" and needs_materialised(method, task, materialise, per_user) is None:
             rejected.append({"engine": "bk", "reason": bk_unsupported(model)})
         order = [first, *(m for m in AUTO_FALLBACKS if m != first)]
     else:
@@ -138,6 +147,7 @@ def build_verified_engine(requested: str, model: nn.Module, method: Any, task: A
         # a method combining several points is checked on a two-point combination too (and
         # again after a resume: the engine remembers it)
         engine.combines_points = combines_points(method)
+        engine.per_user = per_user  # privacy.unit=user (ULS): the per-user path is checked too
         check = verifier.check(engine)
         if check.passed:
             rejected = [{"engine": r["engine"], "reason": r["reason"]} for r in rejected]

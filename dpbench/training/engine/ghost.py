@@ -39,6 +39,7 @@ class GhostClippingEngine(OpacusWrapped):
     materialises = False
     #: one evaluation point per step only (the norm of a combination needs cross terms)
     combines_points_supported = False
+    per_user_supported = False  # per-example norms only (engine/per_user.py)
     #: hands its per-example quantities over in the module's dtype, not float32
     float32_handover = False
 

@@ -20,17 +20,19 @@ from torch import nn
 
 from dpbench.errors import ConfigError
 from dpbench.training.engine.opacus_wrapped import OpacusWrapped
+from dpbench.training.engine.per_user import clip_per_user
 from dpbench.training.engine.protocol import (
     ClippedSum,
     FactorsFn,
     LossFn,
     Observer,
     Point,
+    combined_gradients,
+    flat_norms,
     kept_examples,
     register_engine,
     zero_rows,
 )
-from dpbench.utils.tensors import parameters_at
 
 # Opacus registers full backward hooks; with inputs that need no grad (data) torch warns each
 # backward although the per-example gradients are exact (tests compare them one by one).
@@ -45,6 +47,7 @@ class MaterialisedEngine(OpacusWrapped):
     materialises = True
     combines_points_supported = True
     float32_handover = True
+    per_user_supported = True
     #: vmap over every layer instead of Opacus's per-layer samplers
     force_functorch = False
 
@@ -83,6 +86,13 @@ class MaterialisedEngine(OpacusWrapped):
         return clip_materialised(self.per_example, self.params, self.names, loss_fn, batch,
                                  points, factors_fn, observe)
 
+    def clipped_user_sum(self, loss_fn: LossFn, batch: Any, users: torch.Tensor,
+                         points: Sequence[Point], factors_fn: FactorsFn) -> ClippedSum:
+        """Per-user clipping (``per_user.clip_per_user``): each user's gradient sum is
+        formed from the materialised rows before its norm is clipped."""
+        return clip_per_user(self.per_example, self.params, loss_fn, batch, users, points,
+                             factors_fn)
+
 
 @register_engine
 class HooksEngine(MaterialisedEngine):
@@ -109,16 +119,7 @@ def clip_materialised(per_example: PerExampleFn, params: Sequence[nn.Parameter],
 
     ``per_example`` is an engine's (or a wrapper's, e.g. the audit's canaries) call.
     """
-    combined, losses = None, []
-    for point in points:
-        with parameters_at(params, point.offsets):
-            grads, point_loss = per_example(loss_fn, batch)
-        losses.append(point_loss)
-        if combined is None:
-            combined = grads if point.weight == 1.0 else [point.weight * g for g in grads]
-        else:
-            for c, g in zip(combined, grads):
-                c.add_(g, alpha=point.weight)
+    combined, losses = combined_gradients(per_example, params, loss_fn, batch, points)
     norms = flat_norms(combined)
     kept = kept_examples(norms, losses).cpu()
     loss = losses[0]
@@ -133,9 +134,3 @@ def clip_materialised(per_example: PerExampleFn, params: Sequence[nn.Parameter],
     factors = torch.where(kept.to(factors.device), factors, torch.zeros_like(factors))
     sums = [torch.einsum("i,i...->...", factors.to(c.dtype), c) for c in combined]
     return ClippedSum(sums, norms, factors, loss, kept)
-
-
-def flat_norms(per_example: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Return ||g_i||_2 over all parameters for each example."""
-    norms = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) for g in per_example]
-    return torch.linalg.vector_norm(torch.stack(norms, dim=0), dim=0)

@@ -59,6 +59,9 @@ class Engine(Protocol):
     combines_points_supported: bool
     #: whether it hands norms and sums over in the parameters' float32 (bf16-mixed runs)
     float32_handover: bool
+    #: whether ``clipped_user_sum`` forms each user's gradient sum before its norm
+    #: (privacy.unit=user, user-level sampling: ``per_user.py``)
+    per_user_supported: bool
     #: the run combines several evaluation points (the per-run check checks that path too)
     combines_points: bool
     params: list[nn.Parameter]
@@ -69,6 +72,9 @@ class Engine(Protocol):
 
     def per_example(self, loss_fn: LossFn, batch: Any) -> tuple[list[torch.Tensor],
                                                                  torch.Tensor]: ...
+
+    def clipped_user_sum(self, loss_fn: LossFn, batch: Any, users: torch.Tensor,
+                         points: Sequence[Point], factors_fn: FactorsFn) -> ClippedSum: ...
 
     def close(self) -> None: ...
 
@@ -107,6 +113,35 @@ def per_example_refused(mode: str) -> ConfigError:
     return ConfigError(f"trainer.grad_sample_mode={mode} forms clipped sums, not per-example "
                       "gradients; this run needs them: use trainer.grad_sample_mode=hooks "
                       "(or auto)")
+
+
+def combined_gradients(per_example: Callable[[LossFn, Any], tuple[list[torch.Tensor],
+                                                                   torch.Tensor]],
+                       params: Sequence[nn.Parameter], loss_fn: LossFn, batch: Any,
+                       points: Sequence[Point]) -> tuple[list[torch.Tensor],
+                                                         list[torch.Tensor]]:
+    """Return (the rows' combination ``u_i = sum_k w_k g_i(theta + delta_k)`` per parameter,
+    the losses at each point) from an engine's materialised ``per_example`` call
+    (docs/adding-a-method.md, stage 4)."""
+    from dpbench.utils.tensors import parameters_at
+
+    combined, losses = None, []
+    for point in points:
+        with parameters_at(params, point.offsets):
+            grads, point_loss = per_example(loss_fn, batch)
+        losses.append(point_loss)
+        if combined is None:
+            combined = grads if point.weight == 1.0 else [point.weight * g for g in grads]
+        else:
+            for c, g in zip(combined, grads):
+                c.add_(g, alpha=point.weight)
+    return combined, losses
+
+
+def flat_norms(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Return ||r_j||_2 over all parameters for each row j (per-example or per-user)."""
+    norms = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) for g in rows]
+    return torch.linalg.vector_norm(torch.stack(norms, dim=0), dim=0)
 
 
 def trainable(model: nn.Module) -> tuple[list[nn.Parameter], list[str]]:
