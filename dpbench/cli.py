@@ -57,6 +57,8 @@ class RunDirGuard(HydraCallback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(os.path.abspath(str(OmegaConf.select(config, "hydra.sweep.dir"))))
         created = _make_dirs(sweep_dir, "hydra.sweep.dir")
+        # a sweep refused before its first job removes only these (config.compose_once)
+        record_created(sweep_dir, created)
         try:
             with tempfile.TemporaryFile(dir=sweep_dir):
                 pass

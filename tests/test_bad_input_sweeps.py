@@ -203,3 +203,32 @@ def test_dpbench_tune_reads_the_key_before_any_trial(tmp_path):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith("dpbench-tune: error: DPBENCH_MAC_KEY is 5 characters long")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize(("swept", "named"), [
+    ("trainer.epochs=1,abc", "trainer.epochs"),        # cannot be composed (typed field)
+    ("method=dpsgd,nope", "method/nope"),              # no such option
+])
+def test_a_job_that_cannot_be_composed_refuses_the_sweep_in_one_line(tmp_path, swept, named):
+    """Every job of a sweep is composed before the first one trains: a value Hydra cannot
+    compose in job 2 refuses the sweep in one line naming the key, exit 2; the folder this
+    command created (and Hydra's multirun.yaml) goes again, and a folder the user had keeps
+    what it held. (A value dpbench's own checks refuse fails that job alone, at its start:
+    docs/reliability-bad-input.md, "Sweeps".)"""
+    fresh = tmp_path / "fresh" / "sweep"
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    for sweep_dir in (fresh, kept):
+        epochs = [] if swept.startswith("trainer.epochs") else ["trainer.epochs=1"]
+        proc = subprocess.run([sys.executable, "-m", "dpbench", "-m", swept, *epochs,
+                               "logger=none", f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path,
+                              env=_env(), capture_output=True, text=True, timeout=300)
+        lines = _stderr_lines(proc)
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+        assert lines[0].startswith("dpbench: error: a job of the sweep cannot be composed: ")
+        assert named in lines[0]
+        assert "epoch" not in proc.stdout  # no job trained
+    assert not (tmp_path / "fresh").exists()
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]

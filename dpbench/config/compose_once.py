@@ -11,10 +11,17 @@ job's (the key is the job's own overrides; each kept config is handed out once).
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
 
 from hydra.core.config_loader import ConfigLoader
+from hydra.errors import HydraException
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from dpbench.utils.io import remove_created, take_created
 
 #: most compositions kept at once; a larger batch composes the rest again (as Hydra does)
 MAX_KEPT = 1024
@@ -64,3 +71,37 @@ class ComposedOnce(ConfigLoader):
         if name.startswith("__") or name in ("inner", "kept", "compositions"):
             raise AttributeError(name)  # e.g. while unpickled in a joblib worker
         return getattr(self.inner, name)
+
+
+def composition_error(err: BaseException) -> str:
+    """Return one line for a job that cannot be composed: the key OmegaConf names (its
+    ``full_key``) and the first line of the innermost error."""
+    key, inner = "", err
+    probe: BaseException | None = err
+    while probe is not None:
+        if isinstance(probe, OmegaConfBaseException):
+            # OmegaConf re-raises its error formatted: the first one says it best
+            inner = probe
+            key = str(getattr(probe, "full_key", "") or "")
+            break
+        if isinstance(probe, HydraException):
+            inner = probe
+        key = str(getattr(probe, "full_key", "") or "") or key
+        probe = probe.__cause__ or probe.__context__
+    text = next((line.strip() for line in str(inner).splitlines() if line.strip()),
+                type(inner).__name__)
+    return f"{key}: {text}" if key and not text.startswith(key) else text
+
+
+def bad_sweep(message: str, sweep_dir: Path, nothing_ran: bool) -> NoReturn:
+    """Refuse a sweep one of whose jobs cannot be composed: one line, exit 2. When no job ran
+    yet, the ``multirun.yaml`` Hydra wrote and the folders this command created for the sweep
+    (``utils.io.record_created``) are removed; anything else stays. Only ``dpbench``'s own
+    config (``conf/config.yaml``) selects this sweeper, hence the program's name."""
+    if nothing_ran:
+        with contextlib.suppress(OSError):
+            (sweep_dir / "multirun.yaml").unlink()
+        remove_created(take_created(sweep_dir))
+    print(f"dpbench: error: a job of the sweep cannot be composed: {message}",
+          file=sys.stderr)
+    sys.exit(2)
