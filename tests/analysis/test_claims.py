@@ -433,3 +433,39 @@ def test_membership_inference_sweeps_run_dpbench_mia_and_refuse_an_unknown_progr
     monkeypatch.setattr(reproduce, "PAPERS", (*reproduce.PAPERS, "bad"))
     with pytest.raises(SystemExit, match="sweep 's': program 'audit'"):
         reproduce.load_spec("bad")
+
+
+def test_the_docs_table_is_pasted_from_a_runs_files_with_the_old_hint(tmp_path):
+    """scripts/docs_claims_table.py, as a fresh process: the run's claims.md table between the
+    markers, and each tested claim's seeds against the old hint from its pilot (80 % power at
+    the spread's 80 % upper bound, Holm's first level), computed from claims.json."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    pilot = _spread(0.03, 0.05, 5)
+    row = {"paper": "P", "claim": "a beats b", "kind": "superiority", "verdict": "reproduced",
+           "design": "5 + 9", "cells": [{"values": pilot + [0.05] * 9,
+                                          "stages": [1] * 5 + [2] * 9,
+                                          "target": 0.01, "paper": 0.02}]}
+    other = {"paper": "P", "claim": "c beats d", "kind": "superiority", "verdict": "not run",
+             "cells": []}
+    (tmp_path / "out" / "claims").mkdir(parents=True)
+    (tmp_path / "out" / "claims" / "claims.json").write_text(json.dumps([row, other]))
+    (tmp_path / "out" / "claims" / "claims.md").write_text(
+        "# Claims\n\n| paper | claim |\n|---|---|\n| P | a beats b |\n\n1 reproduced\n\nlegend\n")
+    doc = tmp_path / "doc.md"
+    doc.write_text("before\n<!-- claims-table:start -->\nold\n<!-- claims-table:end -->\nafter\n")
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    subprocess.run([sys.executable, str(repo / "scripts" / "docs_claims_table.py"),
+                    str(tmp_path / "out"), "--doc", str(doc), "--note", "N."],
+                   check=True, cwd=tmp_path, env=env)
+    text = doc.read_text()
+    want = seeds_for_power([sd_upper_bound(float(np.std(pilot, ddof=1)), 5)], 0.01,
+                           0.025 / 2)
+    assert text.startswith("before\n<!-- claims-table:start -->\nGenerated from `claims.md`")
+    assert "| P | a beats b |\n\n1 reproduced\n" in text and "old\n" not in text
+    assert f"| P | a beats b | reproduced | 5 + 9 | {want} |" in text
+    assert "c beats d" not in text and text.endswith("<!-- claims-table:end -->\nafter\n")
