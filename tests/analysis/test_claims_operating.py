@@ -128,13 +128,15 @@ def test_each_papers_family_keeps_its_error_budget(name, dist):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["superiority", "non-inferiority", "equivalence"])
-@pytest.mark.parametrize("where", ["claimed", "midway"])
+@pytest.mark.parametrize(("name", "where"), [
+    ("superiority", "claimed"), ("superiority", "midway"), ("non-inferiority", "claimed"),
+    ("non-inferiority", "midway"), ("equivalence", "midway")])
 def test_the_hint_delivers_its_power(name, where):
     """Delivered power within 0.80 +- 0.03 at the effect the hint is computed for (2000
-    pilots: a standard error of 0.009); equivalence at no difference and at half the margin
-    (TOST, each side at its own distance from the margin). An "every cell" claim's hint is
-    conservative (measured in the docs), not tested here."""
+    pilots: a standard error of 0.009); equivalence at half the margin (TOST, each side at
+    its own distance from the margin). Equivalence at no difference (about 0.84: the TOST
+    bound) and "every cell" claims (about 0.98) are conservative, measured in the docs and
+    not held to 0.80 here."""
     rng = np.random.default_rng(np.random.SeedSequence([42, len(name), len(where)]))
     claim = KINDS[name]
     effect = claim.claimed if where == "claimed" else (claim.claimed + claim.target) / 2
