@@ -22,13 +22,19 @@ def main() -> None:
     p.add_argument("--exact-draws", type=int, default=1000)
     p.add_argument("--power-draws", type=int, default=2000)
     p.add_argument("--out", type=Path, default=OUT)
-    p.add_argument("--families", default="", help="comma-separated family names (default all)")
+    p.add_argument("--families", default="", help="comma-separated family names (default all; "
+                   "'none': only the delivered power)")
+    p.add_argument("--truths", default="target,mixed,claimed",
+                   help="comma-separated truths (target, mixed, claimed)")
+    p.add_argument("--seed", type=int, default=40)
     p.add_argument("--no-power", action="store_true", help="leave out the delivered power")
     args = p.parse_args()
     start = time.perf_counter()
-    families = {n: FAMILIES[n] for n in args.families.split(",")} if args.families else None
-    body = report(args.draws, exact_draws=args.exact_draws, power_draws=args.power_draws,
-                  families=families, power=not args.no_power)
+    families = ({} if args.families == "none" else
+                {n: FAMILIES[n] for n in args.families.split(",")} if args.families else None)
+    body = report(args.draws, seed=args.seed, exact_draws=args.exact_draws,
+                  power_draws=args.power_draws, families=families, power=not args.no_power,
+                  which_truths=tuple(args.truths.split(",")))
     minutes = (time.perf_counter() - start) / 60
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(

@@ -46,6 +46,7 @@ from dpbench.analysis.claim_spec import (
 )
 from dpbench.analysis.claims_table import LEGEND, claims_markdown, format_p, target_text
 from dpbench.analysis.design import (
+    STAGE_SKEW_FLOOR,
     Stages,
     design_p,
     failure_interval,
@@ -54,6 +55,7 @@ from dpbench.analysis.design import (
 )
 from dpbench.analysis.stats import (
     ALPHA,
+    SKEW_SHIFT_MIN_N,
     benjamini_hochberg,
     higher_is_better,
     one_sided_q,
@@ -140,15 +142,16 @@ class CellResult:
 # --- one cell's tests -----------------------------------------------------------------------
 
 def _stage_q(x: np.ndarray, failed: int, null: float, alternative: str, bootstrap: bool,
-             rng: np.random.Generator | None) -> float:
+             rng: np.random.Generator | None, floor: float = SKEW_SHIFT_MIN_N) -> float:
     """One stage's one-sided p: each failed seed imputed with the least favourable value the
-    stage observed (the smallest for ``greater``, the largest for ``less``)."""
+    stage observed (the smallest for ``greater``, the largest for ``less``); ``floor``: the
+    skewness offset's (``stats.skew_offset``; a design's stages: ``STAGE_SKEW_FLOOR``)."""
     if failed and len(x):
         x = np.concatenate([x, np.full(failed, x.min() if alternative == "greater"
                                        else x.max())])
     if len(x) < (BOOTSTRAP_MIN_VALUES if bootstrap else MIN_VALUES):
         return math.nan
-    return float(one_sided_q(x, null, alternative, bootstrap=bootstrap, rng=rng))
+    return float(one_sided_q(x, null, alternative, bootstrap=bootstrap, rng=rng, floor=floor))
 
 
 def _test(cell: CellResult, target: float, claimed: float, *, equivalence: bool = False,
@@ -178,7 +181,7 @@ def _test(cell: CellResult, target: float, claimed: float, *, equivalence: bool 
         if not design:
             return _stage_q(x, len(fails), null, alternative, exact, rng)
         q1, q2 = (_stage_q(x[stage == s], int(np.sum(fails == s)), null, alternative, exact,
-                           rng) for s in (1, 2))
+                           rng, STAGE_SKEW_FLOOR) for s in (1, 2))
         if first_only:
             return q1
         return float(design_p(q1, q2))
@@ -563,13 +566,15 @@ def seeds_hint(row: dict[str, Any], family: int = 1) -> dict[str, Any]:
     for name, effect in (("claimed", distance), ("midway", distance / 2),
                          ("sized", max(distance, shown))):
         if design:
-            n = follow_up_seeds(effect, sds, pilot, [c["q1_for"] for c in cells], family, tost)
+            n = follow_up_seeds(effect, sds, pilot, [c["q1_for"] for c in cells], family, tost,
+                                margin=distance if tost else None)
             if n is not None and any(c["exact"] for c in cells):
                 n = max(n, BOOTSTRAP_MIN_VALUES)
         else:
             least = [len(c["values"]) + 1 for c in cells]
             least += [BOOTSTRAP_MIN_VALUES for c in cells if c["exact"]]
-            n = fixed_seeds(effect, sds, pilot, family, tost, min_n=max(least))
+            n = fixed_seeds(effect, sds, pilot, family, tost, min_n=max(least),
+                            margin=distance if tost else None)
         out[name] = n if n is not None else ">1000"
     return out
 

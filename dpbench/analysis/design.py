@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from dpbench.analysis.stats import ALPHA, POWER
+from dpbench.analysis.stats import ALPHA, POWER, SKEW_SHIFT_MIN_N, hall_critical
 
 #: the seeds a cell gets in the pilot (stage 1) of ``dpbench-reproduce --until-decided``
 PILOT_SEEDS = 5
@@ -55,6 +55,11 @@ PILOT_SHARE = float(2 * stats.norm.sf(stats.norm.isf(ALPHA / 4) / STAGE1_WEIGHT)
 MAX_FOLLOW_UP = 1000
 #: the quadrature points over the standard deviation's posterior
 QUADRATURE = 24
+#: the design's stage tests move the sample skewness by the full offset at every size
+#: (``stats.skew_offset`` with no floor): the pilot's 5 values weigh little, so the flattened
+#: transformation costs little power there, and a pilot's liberal tail under skew otherwise
+#: reaches the combined test (measured: docs/tuning-and-claims.md, "Skewed gains")
+STAGE_SKEW_FLOOR = 1.0
 
 
 @dataclass(frozen=True)
@@ -101,19 +106,31 @@ def design_p(q1: np.ndarray | float, q2: np.ndarray | float | None = None,
 
 
 def t_test_power(effect: float | np.ndarray, sigma: np.ndarray, n: np.ndarray,
-                 level: np.ndarray | float, tost: bool = False) -> np.ndarray:
-    """Return the power of the one-sided t test at one-sided ``level`` on ``n`` values when
-    the true mean lies ``effect`` beyond the null (noncentral t, broadcast over the
-    arguments); with ``tost`` the TOST bound 1 - 2 P(one side misses)."""
+                 level: np.ndarray | float, tost: bool = False,
+                 margin: float | None = None,
+                 floor: float = SKEW_SHIFT_MIN_N) -> np.ndarray:
+    """Return the power of the claims' one-sided test (``stats.one_sided_q``: the t test on
+    Hall's transformation, its skewness moved to the conservative side) at one-sided
+    ``level`` on ``n`` values when the true mean of a symmetric gain lies ``effect`` beyond
+    the null (noncentral t at the transformed critical value, ``stats.hall_critical``,
+    broadcast over the arguments); with ``tost`` the TOST bound 1 - P(the near side misses)
+    - P(the far side misses), the near side ``effect`` inside the ``margin``, the far side
+    2 margin - effect (no ``margin``: both sides at ``effect``)."""
     n = np.asarray(n, dtype=float)
-    crit = stats.t.isf(np.clip(level, 1e-300, 1 - 1e-16), n - 1)
-    power = stats.nct.sf(crit, n - 1, np.asarray(effect) * np.sqrt(n) / sigma)
-    return np.clip(1 - 2 * (1 - power), 0, 1) if tost else power
+    crit = hall_critical(stats.t.isf(np.clip(level, 1e-300, 1 - 1e-16), n - 1), n,
+                         floor=floor)
+    effect = np.asarray(effect, dtype=float)
+    power = stats.nct.sf(crit, n - 1, effect * np.sqrt(n) / sigma)
+    if not tost:
+        return power
+    far = power if margin is None else stats.nct.sf(crit, n - 1,
+                                                    (2 * margin - effect) * np.sqrt(n) / sigma)
+    return np.clip(power + far - 1, 0, 1)
 
 
 def assurance(effect: float, sds: Sequence[float], pilot_n: Sequence[int] | int,
               n: np.ndarray | int, level: Sequence[float] | float,
-              tost: bool = False) -> np.ndarray:
+              tost: bool = False, margin: float | None = None) -> np.ndarray:
     """Return the assurance of every cell's test at once: the product over the cells of each
     cell's power averaged over its standard deviation's posterior, with ``n`` values a cell
     at one-sided ``level`` (one per cell, or one for all)."""
@@ -121,7 +138,8 @@ def assurance(effect: float, sds: Sequence[float], pilot_n: Sequence[int] | int,
     levels = np.broadcast_to(np.asarray(level, dtype=float), (sds.shape[1],))[None]
     n = np.asarray(n)
     out = _assurance_many(effect, sds, _pilot(pilot_n, sds.shape[1]),
-                          n.reshape(-1, 1) if n.ndim else np.array([[int(n)]]), levels, tost)
+                          n.reshape(-1, 1) if n.ndim else np.array([[int(n)]]), levels, tost,
+                          margin)
     return out.reshape(n.shape) if n.ndim else out.reshape(())
 
 
@@ -130,7 +148,9 @@ def _pilot(pilot_n: Sequence[int] | int, cells: int) -> np.ndarray:
 
 
 def _assurance_many(effect: float | np.ndarray, sds: np.ndarray, pilot: np.ndarray,
-                    n: np.ndarray, levels: np.ndarray, tost: bool) -> np.ndarray:
+                    n: np.ndarray, levels: np.ndarray, tost: bool,
+                    margin: float | None = None,
+                    floor: float = SKEW_SHIFT_MIN_N) -> np.ndarray:
     """Assurance for each row of ``sds`` / ``levels`` (rows x cells, or one row against every
     n) at ``n`` (rows x 1)."""
     joint = np.ones(n.shape[0])
@@ -142,7 +162,8 @@ def _assurance_many(effect: float | np.ndarray, sds: np.ndarray, pilot: np.ndarr
         sigma = sd[:, None] * scale[None]                                     # rows x K
         flat = ~(sd > 1e-12 * np.abs(effect).reshape(-1))   # no spread seen: no limit on n
         sigma = np.where(flat[:, None], 1.0, sigma)
-        power = t_test_power(effect, sigma, n, levels[:, c:c + 1], tost).mean(-1)
+        power = t_test_power(effect, sigma, n, levels[:, c:c + 1], tost, margin,
+                             floor).mean(-1)
         joint = joint * np.where(np.broadcast_to(flat, power.shape), 1.0, power)
     return joint
 
@@ -150,7 +171,9 @@ def _assurance_many(effect: float | np.ndarray, sds: np.ndarray, pilot: np.ndarr
 def seeds_for_assurance_many(effect: float | np.ndarray, sds: np.ndarray,
                              pilot_n: Sequence[int] | int,
                              levels: np.ndarray, power: float = POWER, tost: bool = False,
-                             min_n: int = 2, max_n: int = MAX_FOLLOW_UP) -> np.ndarray:
+                             min_n: int = 2, max_n: int = MAX_FOLLOW_UP,
+                             margin: float | None = None,
+                             floor: float = SKEW_SHIFT_MIN_N) -> np.ndarray:
     """Return for each row of ``sds`` and ``levels`` (rows x cells) the smallest n in [min_n,
     max_n] whose assurance reaches ``power``, -1 beyond ``max_n`` (a bisection over all rows
     at once: the assurance grows with n)."""
@@ -169,7 +192,7 @@ def seeds_for_assurance_many(effect: float | np.ndarray, sds: np.ndarray,
 
     def reaches(n: np.ndarray) -> np.ndarray:
         return _assurance_many(effect, safe_sds, pilot, n[:, None].astype(float),
-                               safe_levels, tost) >= power
+                               safe_levels, tost, margin, floor) >= power
 
     lo = np.full(rows, max(2, min_n))
     hi = np.full(rows, max_n)
@@ -189,12 +212,12 @@ def seeds_for_assurance_many(effect: float | np.ndarray, sds: np.ndarray,
 def seeds_for_assurance(effect: float, sds: Sequence[float], pilot_n: Sequence[int] | int,
                         level: Sequence[float] | float, power: float = POWER,
                         tost: bool = False, min_n: int = 2,
-                        max_n: int = MAX_FOLLOW_UP) -> int | None:
+                        max_n: int = MAX_FOLLOW_UP, margin: float | None = None) -> int | None:
     """Return the smallest n in [min_n, max_n] whose assurance reaches ``power``, None beyond
     ``max_n`` (``seeds_for_assurance_many`` on one row)."""
     n = int(seeds_for_assurance_many(effect, np.asarray([sds], dtype=float), pilot_n,
                                      np.asarray(level, dtype=float), power, tost, min_n,
-                                     max_n)[0])
+                                     max_n, margin)[0])
     return n if n > 0 else None
 
 
@@ -212,33 +235,36 @@ def conditional_level(q1: np.ndarray | float, level: float, share: float = PILOT
 
 def follow_up_seeds_many(effect: float | np.ndarray, sds: np.ndarray, pilot_n: Sequence[int] | int,
                          q1: np.ndarray, family: int = 1, tost: bool = False,
-                         power: float = POWER, max_n: int = MAX_FOLLOW_UP) -> np.ndarray:
+                         power: float = POWER, max_n: int = MAX_FOLLOW_UP,
+                         margin: float | None = None) -> np.ndarray:
     """Return for each row (rows x cells) the follow-up's seeds a cell at which the claim's
     test for it rejects with assurance ``power`` when the true effect lies ``effect`` beyond
     its null: each cell's stage 2 at its conditional level given the pilot's one-sided
     ``q1`` (Holm's first level, alpha / family); -1 out of reach."""
     level = ALPHA / 2 / max(1, family)
     return seeds_for_assurance_many(effect, sds, pilot_n, conditional_level(q1, level),
-                                    power, tost, 3, max_n)
+                                    power, tost, 3, max_n, margin, STAGE_SKEW_FLOOR)
 
 
 def follow_up_seeds(effect: float, sds: Sequence[float], pilot_n: Sequence[int] | int,
                     q1: Sequence[float], family: int = 1, tost: bool = False,
-                    power: float = POWER, max_n: int = MAX_FOLLOW_UP) -> int | None:
+                    power: float = POWER, max_n: int = MAX_FOLLOW_UP,
+                    margin: float | None = None) -> int | None:
     """``follow_up_seeds_many`` for one claim; None out of reach."""
     n = int(follow_up_seeds_many(effect, np.asarray([sds], dtype=float), pilot_n,
                                  np.asarray([q1], dtype=float), family, tost, power,
-                                 max_n)[0])
+                                 max_n, margin)[0])
     return n if n > 0 else None
 
 
 def fixed_seeds(effect: float, sds: Sequence[float], pilot_n: Sequence[int] | int,
                 family: int = 1, tost: bool = False, power: float = POWER,
-                min_n: int = 2, max_n: int = MAX_FOLLOW_UP) -> int | None:
+                min_n: int = 2, max_n: int = MAX_FOLLOW_UP,
+                margin: float | None = None) -> int | None:
     """Return the seeds a cell of a fresh fixed design (one look at the full alpha, Holm's
     first level) needs for assurance ``power`` from a pilot's spreads."""
     return seeds_for_assurance(effect, sds, pilot_n, ALPHA / 2 / max(1, family), power, tost,
-                               min_n, max_n)
+                               min_n, max_n, margin)
 
 
 def failure_interval(failed: int, n: int, confidence: float = 0.95) -> tuple[float, float]:

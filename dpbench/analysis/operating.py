@@ -27,11 +27,12 @@ from scipy import stats
 from dpbench.analysis.claim_spec import FAILURE_LIMIT
 from dpbench.analysis.design import (
     PILOT_SEEDS,
+    STAGE_SKEW_FLOOR,
     design_p,
     fixed_seeds,
     follow_up_seeds_many,
 )
-from dpbench.analysis.stats import ALPHA, BOOTSTRAP_DRAWS, one_sided_q
+from dpbench.analysis.stats import ALPHA, BOOTSTRAP_DRAWS, SKEW_SHIFT_MIN_N, one_sided_q
 from dpbench.analysis.verdicts import MIN_VALUES, cells_p, family_p
 
 CODES = ("reproduced", "smaller than claimed", "contradicted", "underpowered", "failed runs")
@@ -74,7 +75,7 @@ def _impute(x: np.ndarray, failed: np.ndarray, alternative: str) -> np.ndarray:
 
 
 def _q(x: np.ndarray, failed: np.ndarray, null: float, alternative: str, exact: bool,
-       rng: np.random.Generator) -> np.ndarray:
+       rng: np.random.Generator, floor: float = STAGE_SKEW_FLOOR) -> np.ndarray:
     """One stage's one-sided p-values over rows (``claims._stage_q`` vectorised)."""
     if x.shape[-1] < (BOOTSTRAP_MIN if exact else MIN_VALUES):
         return np.full(x.shape[:-1], np.nan)
@@ -83,7 +84,7 @@ def _q(x: np.ndarray, failed: np.ndarray, null: float, alternative: str, exact: 
     ok = ~np.isnan(filled).any(-1)
     if ok.any():
         out[ok] = one_sided_q(filled[ok], null, alternative, bootstrap=exact, rng=rng,
-                              draws=BOOTSTRAP_DRAWS)
+                              draws=BOOTSTRAP_DRAWS, floor=floor)
     return out
 
 
@@ -120,8 +121,8 @@ class Outcome:
 
 
 def _stage(claim: Claim, effect: float, rows: int, n: int, dist: str, failure: float,
-           rng: np.random.Generator) -> tuple[list[list[np.ndarray]], np.ndarray, np.ndarray,
-                                              np.ndarray]:
+           rng: np.random.Generator, floor: float = STAGE_SKEW_FLOOR
+           ) -> tuple[list[list[np.ndarray]], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Draw one stage of a claim: per cell the elementary tests' q (rows), and per row the
     failures, the cells' spreads of observed values and the cells' q of the test for the
     claim."""
@@ -130,7 +131,7 @@ def _stage(claim: Claim, effect: float, rows: int, n: int, dist: str, failure: f
     for c in range(claim.cells):
         x = effect + noise(dist, (rows, n), rng)
         f = rng.random((rows, n)) < failure
-        qs.append([_q(x, f, null, alt, claim.exact, rng) for null, alt in _tests(claim)])
+        qs.append([_q(x, f, null, alt, claim.exact, rng, floor) for null, alt in _tests(claim)])
         failed += f.sum(-1)
         with np.errstate(all="ignore"):
             kept = np.where(f, np.nan, x)
@@ -183,7 +184,9 @@ def hint_seeds(claim: Claim, family: int, pilot: int, sds: np.ndarray,
 def _hint_at(claim: Claim, effects: np.ndarray, family: int, pilot: int, sds: np.ndarray,
              q_for: np.ndarray) -> np.ndarray:
     """The hint per row at per-row effects; at least BOOTSTRAP_MIN for a bootstrapped claim."""
-    n = follow_up_seeds_many(effects, sds, pilot, q_for, family, claim.kind == "equivalence")
+    tost = claim.kind == "equivalence"
+    n = follow_up_seeds_many(effects, sds, pilot, q_for, family, tost,
+                             margin=claim.target if tost else None)
     return np.where((n > 0) & claim.exact, np.maximum(n, BOOTSTRAP_MIN), n)
 
 
@@ -274,13 +277,14 @@ def delivered_power(claim: Claim, effect: float, draws: int, rng: np.random.Gene
         codes = _decide([claim], [q1_rows], [qs], np.zeros((len(rows), 1)),
                         np.full((len(rows), 1), 1.0))[:, 0]
         reproduced += list(codes == 0)
-    fixed = np.array([fixed_seeds(abs(distance), list(sd), pilot,
-                                  tost=claim.kind == "equivalence") or -1
+    fixed = np.array([fixed_seeds(abs(distance), list(sd), pilot, tost=tost,
+                                  margin=claim.target if tost else None) or -1
                       for sd in stage1[2][open_]])
     fixed_hit = []
     for n in np.unique(fixed[fixed > 0]):
         count = int(np.sum(fixed == n))
-        qs, _, _, _, _ = _stage(claim, effect, count, int(n), dist, 0.0, rng)
+        qs, _, _, _, _ = _stage(claim, effect, count, int(n), dist, 0.0, rng,
+                                SKEW_SHIFT_MIN_N)
         p = [[np.full(count, np.nan) for _ in cell] for cell in qs]
         # a fixed look: its own q at the full alpha (design_p's share 1: q1 / 1)
         codes = _decide_fixed(claim, qs)
@@ -340,20 +344,22 @@ DISTS = ("normal", "right", "left", "heavy")
 def report(draws: int = 4000, seed: int = 40, failure: float = 0.02,
            families: dict[str, list[Claim]] | None = None,
            exact_draws: int | None = None, power_draws: int | None = None,
-           power: bool = True) -> str:
+           power: bool = True, which_truths: tuple[str, ...] = ("target", "mixed", "claimed"),
+           ) -> str:
     """Return the operating characteristics as markdown: per paper family, truth and gain
     distribution (each seed failing with probability ``failure``), P(false reproduced),
     P(false against), P(any wrong verdict), P(every claim decided) within the budget and
     the mean seeds a cell; then the hint's delivered power. ``exact_draws``: the draws of a
-    family with a bootstrapped claim (its resampling is the slow part)."""
+    family with a bootstrapped claim (its resampling is the slow part); ``families`` None:
+    every one, {}: none."""
     rng = np.random.default_rng(np.random.SeedSequence(seed))
-    families = families or FAMILIES
+    families = FAMILIES if families is None else families
     lines = ["| paper family (claims) | truth | gains | draws | P(false reproduced) | "
              "P(false against) | P(any wrong) | P(all decided) | mean seeds a cell |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, family in families.items():
         n = exact_draws if exact_draws and any(c.exact for c in family) else draws
-        for which in ("target", "mixed", "claimed"):
+        for which in which_truths:
             effects = truths(family, which)
             for dist in DISTS:
                 rates = error_rates(family, effects, simulate(

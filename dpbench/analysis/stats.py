@@ -294,13 +294,22 @@ def sign_flip_interval(values: Sequence[float], level: float = 0.95) -> tuple[fl
 
 #: the claims' per-stage test: the t test on Hall's skewness-removing transformation
 SKEW_CORRECTED = True
+#: the sample skewness enters Hall's transformation moved this many of its normal-theory
+#: standard errors (sqrt(6 / n)) towards the side that makes the test conservative: the
+#: sample skewness of a skewed gain is biased towards 0 and noisy at 5-100 values, and
+#: Hall's correction at the plain estimate leaves a left-skewed gain's one-sided level 1.5x
+#: nominal at n = 40 and alpha / 6 (measured: docs/tuning-and-claims.md, "Skewed gains")
+SKEW_SHIFT = 1.0
+#: the fewest values the shift is computed for (a smaller sample gets this one's shift)
+SKEW_SHIFT_MIN_N = 24
 #: resamples of the studentised bootstrap (steps savings and other declared-skewed cells)
 BOOTSTRAP_DRAWS = 1999
 
 
 def one_sided_q(x: np.ndarray, null: float, alternative: str, *, bootstrap: bool = False,
                 rng: np.random.Generator | None = None, draws: int = BOOTSTRAP_DRAWS,
-                skew: bool = SKEW_CORRECTED) -> np.ndarray:
+                skew: bool = SKEW_CORRECTED, shift: float = SKEW_SHIFT,
+                floor: float = SKEW_SHIFT_MIN_N) -> np.ndarray:
     """Return one-sided p-values of H0 ``mean <= null`` (``greater``) or ``mean >= null``
     (``less``) for each row of ``x`` (..., n), vectorised over the leading axes.
 
@@ -330,13 +339,44 @@ def one_sided_q(x: np.ndarray, null: float, alternative: str, *, bootstrap: bool
         elif skew:
             centred = d - mean[..., None]
             gamma = (centred ** 3).mean(-1) / np.maximum((centred ** 2).mean(-1), 1e-300) ** 1.5
-            a = gamma / (3 * math.sqrt(n))
-            p = stats.t.sf(t + a * t ** 2 + a ** 2 * t ** 3 / 3 + a / 2, n - 1)
+            a = gamma / (3 * math.sqrt(n)) + skew_offset(n, shift, floor)
+            p = stats.t.sf(hall(t, a), n - 1)
         else:
             p = stats.t.sf(t, n - 1)
     above, off = (d > 0).sum(-1), (d != 0).sum(-1)
     sign_p = np.where(off > 0, stats.binom.sf(above - 1, np.maximum(off, 1), 0.5), 1.0)
     return np.where(flat, sign_p, p)
+
+
+def skew_offset(n: np.ndarray | float, shift: float = SKEW_SHIFT,
+                floor: float = SKEW_SHIFT_MIN_N) -> np.ndarray:
+    """Return the part of Hall's coefficient a that ``one_sided_q`` adds to the sample's:
+    the skewness moved ``shift`` normal-theory standard errors (sqrt(6 / n)) to the
+    conservative side, -shift sqrt(6 / n) / (3 sqrt(n)) = -shift sqrt(6) / (3 n), with n at
+    least ``floor`` (``SKEW_SHIFT_MIN_N`` for one fixed look: a larger offset would flatten
+    Hall's transformation within the t values that decide a small sample; the design's
+    stages use the full offset, ``design.STAGE_SKEW_FLOOR``)."""
+    return -shift * math.sqrt(6) / (3 * np.maximum(np.asarray(n, dtype=float), floor))
+
+
+def hall(t: np.ndarray | float, a: np.ndarray | float) -> np.ndarray:
+    """Return Hall's transformation g(T) = T + a T^2 + a^2 T^3 / 3 + a / 2 (Hall 1992, eq.
+    2.3; monotone in T)."""
+    return t + a * t ** 2 + a ** 2 * t ** 3 / 3 + a / 2
+
+
+def hall_critical(crit: np.ndarray | float, n: np.ndarray | float,
+                  shift: float = SKEW_SHIFT, floor: float = SKEW_SHIFT_MIN_N) -> np.ndarray:
+    """Return the t statistic whose Hall transformation at zero sample skewness (a =
+    ``skew_offset(n)``, the deterministic part of ``one_sided_q``'s correction) equals
+    ``crit``: the critical value the test applies to T for a symmetric gain (g(T) = ((1 + a
+    T)^3 - 1) / (3 a) + a / 2 inverted)."""
+    n = np.asarray(n, dtype=float)
+    a = skew_offset(n, shift, floor)
+    crit = np.asarray(crit, dtype=float)
+    if shift == 0:
+        return crit + 0 * a
+    return (np.cbrt(1 + 3 * a * (crit - a / 2)) - 1) / a
 
 
 def _bootstrap_t(d: np.ndarray, t: np.ndarray, rng: np.random.Generator,

@@ -155,7 +155,11 @@ def sweep_commands(spec: dict[str, Any], args: argparse.Namespace, out: Path) ->
             jobs.append({"folder": folder, "tune": options})
         else:
             program = PROGRAMS[sweep.get("program", "dpbench")]
-            cmd = [sys.executable, "-m", program, "-m", *overrides, f"seed={seeds}",
+            # the seeds first: Hydra's sweeper numbers the jobs of the product of the
+            # overrides in their order (the first slowest), so a run keeps its job number,
+            # and so its folder, when later seeds are appended (a follow-up, --claim-seeds)
+            # and is resumed rather than run again
+            cmd = [sys.executable, "-m", program, "-m", f"seed={seeds}", *overrides,
                    "trainer.resume=true", f"hydra.sweep.dir={folder}",
                    "hydra.sweep.subdir=${hydra.job.num}_${run_name}"]
             if args.jobs > 1:

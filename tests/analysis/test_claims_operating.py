@@ -110,17 +110,15 @@ def test_the_hint_delivers_the_power_it_states_fast():
 @pytest.mark.parametrize("dist", DISTS)
 def test_each_papers_family_keeps_its_error_budget(name, dist):
     """4000 papers a setting, every seed failing with probability 2 %, at the least
-    favourable effects (every claim at its target; alternately at target and claimed):
-    false reproduced and false against each within 2.5 % + 2 SE for normal and heavy-tailed
-    gains, within 4.5 % for the strongly skewed ones (a gamma of shape 2: the measured
-    figures in the docs, up to 0.0435); any wrong verdict within 5 % + 2 SE (skewed: 5.5 %)."""
+    favourable effects (every claim at its target; alternately at target and claimed), with
+    normal, left- and right-skewed (a gamma of shape 2) and heavy-tailed gains: false
+    reproduced and false against each within 2.5 % + 2 SE (0.030), any wrong verdict within
+    5 % + 2 SE."""
     rng = np.random.default_rng(np.random.SeedSequence([40, len(name), len(dist)]))
     family = FAMILIES[name]
     draws = 4000
-    side = 0.025 + 2 * math.sqrt(0.025 * 0.975 / draws) if dist in ("normal", "heavy") \
-        else 0.045
-    total = 0.05 + 2 * math.sqrt(0.05 * 0.95 / draws) if dist in ("normal", "heavy") \
-        else 0.055
+    side = 0.025 + 2 * math.sqrt(0.025 * 0.975 / draws)
+    total = 0.05 + 2 * math.sqrt(0.05 * 0.95 / draws)
     for which in ("target", "mixed"):
         effects = operating.truths(family, which)
         rates = operating.error_rates(family, effects, operating.simulate(
@@ -130,14 +128,20 @@ def test_each_papers_family_keeps_its_error_budget(name, dist):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["superiority", "non-inferiority"])
-@pytest.mark.parametrize("where", ["claimed", "midway"])
+@pytest.mark.parametrize(("name", "where"), [
+    ("superiority", "claimed"), ("superiority", "midway"), ("non-inferiority", "claimed"),
+    ("non-inferiority", "midway"), ("equivalence", "midway")])
 def test_the_hint_delivers_its_power(name, where):
     """Delivered power within 0.80 +- 0.03 at the effect the hint is computed for (2000
-    pilots: a standard error of 0.009)."""
+    pilots: a standard error of 0.009); equivalence at half the margin (TOST, each side at
+    its own distance from the margin). Equivalence at no difference (about 0.84: the TOST
+    bound) and "every cell" claims (about 0.98) are conservative, measured in the docs and
+    not held to 0.80 here."""
     rng = np.random.default_rng(np.random.SeedSequence([42, len(name), len(where)]))
     claim = KINDS[name]
     effect = claim.claimed if where == "claimed" else (claim.claimed + claim.target) / 2
+    if claim.kind == "equivalence":
+        effect = 0.0 if where == "claimed" else claim.target / 2
     got = operating.delivered_power(claim, effect, 2000, rng)
     assert abs(got["follow_up"] - 0.80) <= 0.03, got
 

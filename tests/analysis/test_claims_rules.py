@@ -185,7 +185,7 @@ def test_specs_with_meaningless_tests_are_refused_naming_the_claim_and_key(extra
 # 9. reporting -----------------------------------------------------------------------------
 
 def test_the_table_defines_its_verdicts_and_shows_the_deciding_p():
-    contradicted = evaluate_claim(_claim(paper_effect=0.04), _runs(_spread(-0.03, 0.01, 5)))
+    contradicted = evaluate_claim(_claim(paper_effect=0.04), _runs(_spread(-0.03, 0.01, 8)))
     rows = adjust([{**contradicted, "paper": "P"}])
     assert rows[0]["verdict"] == "contradicted"
     assert rows[0]["p"] < 0.001 and rows[0]["p_test"] == "against"
@@ -194,7 +194,7 @@ def test_the_table_defines_its_verdicts_and_shows_the_deciding_p():
                     "failed runs", "not run"):
         assert f"**{verdict}**:" in text
     p_column = text.split("\n")[2].split(" | ")[9]
-    assert p_column == "0.0002 (against)"
+    assert p_column == "0.0001 (against)"
 
 
 def test_p_values_near_the_level_print_apart():
@@ -236,3 +236,21 @@ def test_a_threshold_hint_does_not_depend_on_the_observed_distance():
         assert row["verdict"] == "underpowered"
         needed.append(row["seeds_needed"])
     assert all(isinstance(n, int) and n < 1000 for n in needed)
+
+
+def test_the_equivalence_hint_counts_each_side_at_its_own_distance():
+    """TOST at a true difference d inside the margin m: the near side is m - d from its
+    null, the far side m + d; the power is at least P(near rejects) + P(far rejects) - 1
+    (scipy's noncentral t at the test's critical value, float64)."""
+    from dpbench.analysis.design import t_test_power
+    from dpbench.analysis.stats import hall_critical
+
+    n, sigma, level, m, d = np.arange(5, 80), 1.3, 0.0125, 0.5, 0.2
+    crit = hall_critical(stats.t.isf(level, n - 1), n)
+    near = stats.nct.sf(crit, n - 1, (m - d) * np.sqrt(n) / sigma)
+    far = stats.nct.sf(crit, n - 1, (m + d) * np.sqrt(n) / sigma)
+    got = t_test_power(m - d, sigma, n, level, tost=True, margin=m)
+    assert got == pytest.approx(np.clip(near + far - 1, 0, 1), rel=1e-9)
+    # without the margin both sides sit at the near distance (the bound before)
+    assert t_test_power(m - d, sigma, n, level, tost=True) == pytest.approx(
+        np.clip(2 * near - 1, 0, 1), rel=1e-9)

@@ -53,3 +53,26 @@ def test_a_bad_claim_stops_reproduce_before_any_run(tmp_path, monkeypatch, capsy
     assert err == ("dpbench-reproduce: error: claim 'fiber_vs_disk': key 'paper_effect': "
                    "must be a positive number (got -0.02)")
     assert not (tmp_path / "out").exists()
+
+
+def test_appending_seeds_keeps_every_finished_runs_job_number(tmp_path):
+    """A follow-up (or --claim-seeds) appends seeds to a sweep of several methods: Hydra's
+    own sweeper numbers the jobs of the longer command, and every pilot run keeps its job
+    number (its folder is ``<job.num>_<run_name>``, so it is resumed, not run again)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from dpbench.runners.reproduce import load_spec, parse_args, sweep_commands
+
+    def numbering(seeds: str) -> dict[tuple[str, ...], int]:
+        args = parse_args(["bounded_adaclip", "--seeds", seeds, "--out", str(tmp_path)])
+        cmd = sweep_commands(load_spec("bounded_adaclip"), args, tmp_path)[0]["cmd"]
+        overrides = OverridesParser.create().parse_overrides(
+            [o for o in cmd[cmd.index("-m", 3) + 1:] if not o.startswith("hydra.")])
+        [batch] = BasicSweeper.split_arguments(overrides, None)
+        return {tuple(o for o in job if o.startswith(("seed=", "method="))): num
+                for num, job in enumerate(batch)}
+
+    pilot, longer = numbering("0,1,2,3,4"), numbering("0,1,2,3,4,5,6,7,8")
+    assert len(pilot) == 15 and len(longer) == 27
+    assert all(longer[key] == num for key, num in pilot.items())
