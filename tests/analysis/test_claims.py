@@ -436,7 +436,7 @@ def test_membership_inference_sweeps_run_dpbench_mia_and_refuse_an_unknown_progr
 
 
 def test_the_docs_table_is_pasted_from_a_runs_files_with_the_old_hint(tmp_path):
-    """scripts/docs_claims_table.py, as a fresh process: the run's claims.md table between the
+    """dpbench.analysis.docs_claims_table, as a fresh process: the run's claims.md table between the
     markers, and each tested claim's seeds against the old hint from its pilot (80 % power at
     the spread's 80 % upper bound, Holm's first level), computed from claims.json."""
     import os
@@ -459,7 +459,7 @@ def test_the_docs_table_is_pasted_from_a_runs_files_with_the_old_hint(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("before\n<!-- claims-table:start -->\nold\n<!-- claims-table:end -->\nafter\n")
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    subprocess.run([sys.executable, str(repo / "scripts" / "docs_claims_table.py"),
+    subprocess.run([sys.executable, "-m", "dpbench.analysis.docs_claims_table",
                     str(tmp_path / "out"), "--doc", str(doc), "--note", "N."],
                    check=True, cwd=tmp_path, env=env)
     text = doc.read_text()

@@ -1,7 +1,7 @@
 """Paste a reproduction's claims table into docs/tuning-and-claims.md (between the
 ``claims-table`` markers), generated from that run's ``claims/claims.md``, never typed.
 
-    python scripts/docs_claims_table.py OUT [--note "what was run"]
+    python -m dpbench.analysis.docs_claims_table OUT [--note "what was run"]
 
 OUT is the ``--out`` folder of ``dpbench-reproduce``; the header names it, the file's date
 and the note (the command, the budget, what was not run). Below the table, for each claim
@@ -21,7 +21,7 @@ import numpy as np
 
 from dpbench.analysis.stats import ALPHA, sd_upper_bound, seeds_for_power
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "tuning-and-claims.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "tuning-and-claims.md"
 START, END = "<!-- claims-table:start -->", "<!-- claims-table:end -->"
 
 
