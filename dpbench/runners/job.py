@@ -64,6 +64,13 @@ def run_callbacks(cfg: DictConfig, run_dir: Path, sweep_name: str | None) -> lis
     return callbacks
 
 
+def close_sinks(callbacks: list, failed: bool) -> None:
+    """Close the sinks that hold something open (W&B), as failed or not."""
+    for cb in callbacks:
+        if hasattr(cb, "close"):
+            cb.close(failed=failed)
+
+
 def run_job(cfg: DictConfig) -> dict | None:
     """Lock the run dir, then validate, train and record one job of a run or sweep (Hydra's
     job: its run folder and mode come from ``HydraConfig``)."""
@@ -265,9 +272,7 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
             if isinstance(err, expected):
                 return refuse(err)
             raise
-        for cb in callbacks:
-            if hasattr(cb, "close"):
-                cb.close(failed=True)
+        close_sinks(callbacks, failed=True)
         report_error(cfg, run_dir, err, "train", keep_record=True)
         if isinstance(err, (KeyboardInterrupt, SystemExit)) or not multirun:
             if isinstance(err, KeyboardInterrupt):
@@ -289,9 +294,7 @@ def _run_locked(cfg: DictConfig, hc: Any, run_dir: Path, multirun: bool,
 def _preempted(callbacks: list, err: Preempted, watch: PreemptionWatch) -> None:
     """Say where the run stopped, close the sinks, hand over to the earlier handler (submitit
     requeues) or exit 3; the checkpoint stays, and no failed record is written."""
-    for cb in callbacks:
-        if hasattr(cb, "close"):
-            cb.close(failed=False)
+    close_sinks(callbacks, failed=False)
     print(f"dpbench: {err}", file=sys.stderr)
     watch.hand_over()
     sys.exit(PREEMPTED_EXIT_CODE)

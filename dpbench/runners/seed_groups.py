@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpbench.errors import ConfigError, DPBenchError
 from dpbench.logging.records import RESULTS_NAME
-from dpbench.runners.job import resume_trainer, run_callbacks
+from dpbench.runners.job import close_sinks, resume_trainer, run_callbacks
 from dpbench.runners.job_errors import Stop, print_error, report_error
 from dpbench.runners.job_record import completed_record, print_done
 from dpbench.runners.run_folder import check_folder, check_folder_kind, open_run_files
@@ -192,9 +192,7 @@ def _log_to(handler: logging.Handler, message: str, *args: Any) -> None:
 
 
 def _fail(member: Member, err: BaseException, stage: str) -> None:
-    for cb in member.callbacks:
-        if hasattr(cb, "close"):
-            cb.close(failed=True)
+    close_sinks(member.callbacks, failed=True)
     report_error(member.cfg, member.run_dir, err, stage, keep_record=True)
 
 
@@ -241,9 +239,7 @@ def train_group(members: list[Member]) -> None:
         results = fit_group([m.trainer for m in members], group, stop=watch.requested)
     except Preempted as err:
         for member in members:
-            for cb in member.callbacks:
-                if hasattr(cb, "close"):
-                    cb.close(failed=False)
+            close_sinks(member.callbacks, failed=False)
         print(f"dpbench: {err} (every seed of its group: {len(members)})", file=sys.stderr)
         watch.hand_over()
         sys.exit(PREEMPTED_EXIT_CODE)

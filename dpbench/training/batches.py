@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from dpbench.utils.tensors import map_tensors
+
 
 def batch_size(batch: Any) -> int:
     """Return the number of examples (first dimension of the first tensor)."""
@@ -18,13 +20,7 @@ def batch_size(batch: Any) -> int:
 
 def slice_batch(batch: Any, start: int, stop: int) -> Any:
     """Return examples [start, stop) of ``batch``."""
-    if isinstance(batch, torch.Tensor):
-        return batch[start:stop]
-    if isinstance(batch, dict):
-        return {k: slice_batch(v, start, stop) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(slice_batch(v, start, stop) for v in batch)
-    return batch
+    return map_tensors(lambda t: t[start:stop], batch)
 
 
 def physical_chunks(batch: Any, max_size: int | None):
@@ -42,10 +38,4 @@ def physical_chunks(batch: Any, max_size: int | None):
 
 def select_rows(batch: Any, index: torch.Tensor) -> Any:
     """Return the examples of ``batch`` at ``index`` (a 1-D index tensor), in that order."""
-    if isinstance(batch, torch.Tensor):
-        return batch[index.to(batch.device)]
-    if isinstance(batch, dict):
-        return {k: select_rows(v, index) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(select_rows(v, index) for v in batch)
-    return batch
+    return map_tensors(lambda t: t[index.to(t.device)], batch)

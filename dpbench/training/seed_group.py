@@ -63,7 +63,7 @@ from dpbench.training.engine.protocol import (
     trainable,
     zero_rows,
 )
-from dpbench.utils.tensors import move_to
+from dpbench.utils.tensors import map_tensors, move_to, tensors_in
 
 #: model names (``model.name``) whose seeds are trained together: small models, where a
 #: step's cost is mostly per-call overhead that the vectorised step shares
@@ -103,29 +103,9 @@ def grouping_refusal(*, method: str, model: str, task: str, private: bool, sampl
     return None
 
 
-def _leaves_map(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return fn(batch)
-    if isinstance(batch, dict):
-        return {k: _leaves_map(fn, v) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_leaves_map(fn, v) for v in batch)
-    return batch
-
-
-def _leaves(batch: Any) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, dict):
-        return [t for v in batch.values() for t in _leaves(v)]
-    if isinstance(batch, (list, tuple)):
-        return [t for v in batch for t in _leaves(v)]
-    return []
-
-
 def same_batch(a: Any, b: Any) -> bool:
     """Return whether two batches hold the same tensors, value by value."""
-    la, lb = _leaves(a), _leaves(b)
+    la, lb = tensors_in(a), tensors_in(b)
     return len(la) == len(lb) and all(
         x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y.to(x.device))
         for x, y in zip(la, lb))
@@ -138,7 +118,7 @@ def _padded(batch: Any, rows: int) -> Any:
         if missing <= 0:
             return t
         return torch.cat([t, t.new_zeros((missing, *t.shape[1:]))])
-    return _leaves_map(pad, batch)
+    return map_tensors(pad, batch)
 
 
 class _At:
@@ -229,9 +209,10 @@ class SeedGroup:
         self.names: list[str] = names or []
         self.layers = linear_layers(self.base)
         self._staged: list[Any] | None = None
-        self._linear: dict[int, LinearRows] = {}  # this step's rows of each seed (linear path)
-        self._results: dict[int, tuple[list[torch.Tensor], torch.Tensor]] = {}
-        self._pending: set[int] = set()  # the seeds that have not taken this step's rows
+        # per kind of rows ("examples": per-example gradients; "linear": LinearRows): this
+        # step's rows of each seed, and the seeds that have not taken theirs yet
+        self._results: dict[str, dict[int, Any]] = {}
+        self._pending: dict[str, set[int]] = {}
 
     @property
     def size(self) -> int:
@@ -246,39 +227,36 @@ class SeedGroup:
         if len(batches) != self.size:
             raise ValueError(f"{len(batches)} batches for a group of {self.size} seeds")
         self._staged = [move_to(b, device) for b in batches]
-        self._results, self._pending = {}, set(range(self.size))
-        self._linear, self._linear_pending = {}, set(range(self.size))
+        self._results = {}
+        self._pending = {kind: set(range(self.size)) for kind in ("examples", "linear")}
 
     def unstage(self) -> None:
-        self._staged, self._results, self._pending = None, {}, set()
-        self._linear, self._linear_pending = {}, set()
+        self._staged, self._results, self._pending = None, {}, {}
+
+    def _rows(self, kind: str, k: int, batch: Any,
+              compute: Callable[[Sequence[Any]], list[Any]]) -> Any:
+        """Return seed ``k``'s rows of ``kind`` on ``batch``: for the step's staged batch,
+        computed for every seed at once by the step's first call and handed out once per
+        seed; for any other batch (the check's rows, a physical chunk), computed alone."""
+        staged, pending = self._staged, self._pending.get(kind, ())
+        if staged is not None and k in pending and same_batch(batch, staged[k]):
+            if kind not in self._results:  # the step's first call: every seed's own batch
+                self._results[kind] = dict(enumerate(compute(staged)))
+            pending.discard(k)  # each seed takes its rows of a step once
+            return self._results[kind].pop(k)
+        alone: list[Any] = [None] * self.size
+        alone[k] = batch
+        return compute(alone)[k]
 
     def per_example(self, k: int, loss_fn: LossFn, batch: Any
                     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Return seed ``k``'s per-example gradients and losses on ``batch``."""
-        staged = self._staged
-        if staged is not None and k in self._pending and same_batch(batch, staged[k]):
-            if not self._results:  # the step's first call: every seed's own batch at once
-                self._results = dict(enumerate(self.compute(staged, loss_fn)))
-            self._pending.discard(k)  # each seed takes its rows of a step once
-            return self._results.pop(k)
-        alone: list[Any] = [None] * self.size
-        alone[k] = batch
-        return self.compute(alone, loss_fn)[k]
+        return self._rows("examples", k, batch, lambda batches: self.compute(batches, loss_fn))
 
     def linear_rows(self, k: int, loss_fn: LossFn, batch: Any) -> LinearRows:
-        """Return seed ``k``'s ``LinearRows`` on ``batch`` (a step's staged batch: computed
-        for every seed at once, then handed out once per seed; any other batch: alone)."""
-        staged = self._staged
-        if (staged is not None and k in self._linear_pending
-                and same_batch(batch, staged[k])):
-            if not self._linear:
-                self._linear = dict(enumerate(self.linear_compute(staged, loss_fn)))
-            self._linear_pending.discard(k)
-            return self._linear.pop(k)
-        alone: list[Any] = [None] * self.size
-        alone[k] = batch
-        return self.linear_compute(alone, loss_fn)[k]
+        """Return seed ``k``'s ``LinearRows`` on ``batch``."""
+        return self._rows("linear", k, batch,
+                          lambda batches: self.linear_compute(batches, loss_fn))
 
     def linear_compute(self, batches: Sequence[Any], loss_fn: LossFn) -> list[LinearRows]:
         """Return each seed's ``LinearRows`` from one batched forward and one backward.
@@ -291,7 +269,7 @@ class SeedGroup:
         sizes = [0 if b is None else batch_size(b) for b in batches]
         rows = max(sizes)
         template = next(b for b in batches if b is not None)
-        empty = _leaves_map(lambda t: t[:0], template)
+        empty = map_tensors(lambda t: t[:0], template)
         stacked_batch = _stack_batches([_padded(empty if b is None else b, rows)
                                         for b in batches])
         count = self.size
@@ -343,7 +321,7 @@ class SeedGroup:
             return [([p.new_zeros((0, *p.shape)) for p in params],
                      params[0].new_zeros(0) if params else torch.zeros(0))
                     for params in self.params]
-        empty = _leaves_map(lambda t: t[:0], template)
+        empty = map_tensors(lambda t: t[:0], template)
         padded = [_padded(empty if b is None else b, rows) for b in batches]
         stacked_batch = _stack_batches(padded)
         stacked = tuple(torch.stack([params[j].detach() for params in self.params])
@@ -351,7 +329,7 @@ class SeedGroup:
         names, base = self.names, self.base
 
         def example_loss(params: tuple[torch.Tensor, ...], example: Any):
-            one = _leaves_map(lambda t: t.unsqueeze(0), example)
+            one = map_tensors(lambda t: t.unsqueeze(0), example)
             loss = loss_fn(_At(base, dict(zip(names, params))), one)[0]
             return loss, loss.detach()
 
