@@ -37,7 +37,6 @@ from dpbench.methods import get_method
 from dpbench.models import MODELS
 from dpbench.privacy.samplers import resolve_sampling, with_settled_accountant
 from dpbench.privacy.user_level import check_user_level
-from dpbench.training.engine.per_user import per_user_refusal
 from dpbench.training.user_unit import check_user_method
 from dpbench.tune.choices import apply_tuned
 from dpbench.utils.conf import without_added_defaults
@@ -136,14 +135,12 @@ def check_evaluation(evaluation: Any) -> None:
 def check_user_unit(privacy: PrivacyConfig, trainer: TrainerConfig, method_name: str) -> None:
     """Refuse ``privacy.unit=user`` in one line naming the key, before any data is read: a
     strategy without an accountant for the sampler, relation and accountant
-    (``privacy/user_level.py``), a method not verified under the user unit, or (user-level
-    sampling, which clips each user's gradient sum) an engine that forms per-example norms
-    only (``training/engine/per_user.py``)."""
+    (``privacy/user_level.py``) or a method not verified under the user unit. Every built-in
+    engine clips per user (``training/engine/per_user.py``); one that cannot is refused when
+    the engine is chosen."""
     check_user_level(privacy.user_strategy, trainer.sampler, privacy.accountant,
                      privacy.neighbouring)
     check_user_method(method_name)
-    if privacy.user_strategy == "uls" and trainer.grad_sample_mode in ("bk", "ghost"):
-        raise ConfigError(per_user_refusal(trainer.grad_sample_mode))
 
 
 def build_spec(cfg: DictConfig) -> RunSpec:

@@ -164,12 +164,22 @@ def clipped_aggregate(mechanism: Mechanism, engine: Engine, task: Task, batch,
 def user_chunks(batch: Any, users: torch.Tensor, max_size: int | None):
     """Yield (rows, their user ids) in pieces of at most ``max_size`` rows that never split a
     user (a user's rows are contiguous in a user-level batch; a user with more rows than
-    ``max_size`` is one piece of its own)."""
+    ``max_size`` is one piece of its own).
+
+    The ULS loader places a user's rows next to each other; that is checked, not assumed: a
+    user whose rows are split would be clipped once per piece (up to 2C), so a batch whose
+    user ids are not contiguous runs is refused in one line before any engine call.
+    """
     n = batch_size(batch)
+    cut = users.cpu()
+    change = (cut[1:] != cut[:-1]).nonzero().flatten().add(1).tolist()
+    if len(change) + 1 != len(torch.unique(cut)) and n > 0:
+        raise PrivacyError("privacy.unit=user: a batch's rows of one user are not contiguous "
+                           "(the user-level loader must place each user's rows together); "
+                           "refusing to release")
     if not max_size or n <= max_size:
         yield batch, users
         return
-    change = (users[1:] != users[:-1]).nonzero().flatten().add(1).tolist()
     bounds = [0, *change, n]
     start = 0
     for a, b in zip(bounds, bounds[1:]):

@@ -19,6 +19,11 @@ gradients of several evaluation points before clipping (DiSK, FIBER, IVON with s
 samples) it runs one forward and backward per point, and the per-layer rules form the norm of
 the combination, cross terms included, from the recorded activations and output gradients
 (``rules``).
+
+Per user (``privacy.unit=user``, user-level sampling: ``clipped_user_sum``) the same backward
+serves: each rule forms ``||D_u||^2`` with the user as one example whose positions are its
+examples' positions concatenated (``user_rows``), and the clipped sum re-weights every row of
+user u by ``c_u``.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from dpbench.training.engine.protocol import (
 )
 from dpbench.training.engine.rules import Call, Calls, rule_for, unsupported_reason
 from dpbench.training.engine.rules.base import added
+from dpbench.training.engine.user_rows import UserRows
 from dpbench.utils.tensors import parameters_at
 
 
@@ -75,7 +81,8 @@ class BookKeepingEngine:
     mode = "bk"
     materialises = False
     combines_points_supported = True
-    per_user_supported = False  # per-example norms only (engine/per_user.py)
+    #: each user's norm from the rules with the user as one long example (``clipped_user_sum``)
+    per_user_supported = True
     float32_handover = True
 
     def __init__(self, model: nn.Module) -> None:
@@ -197,6 +204,17 @@ class BookKeepingEngine:
         (0 * inf would be NaN), so no second pass is needed; the losses returned are the kept
         ones of the first point. ``observe`` gets the kept examples' per-layer norms.
         """
+        point_losses, all_finite, layers = self._points(loss_fn, batch, points)
+        result = self._clip(point_losses, all_finite, layers, factors_fn)
+        if observe is not None and bool(result.kept.any()):  # diagnostics only
+            rows = result.kept.to(result.norms.device)
+            observe({k: v[rows] for k, v in self.layer_norms().items()}, result.norms[rows])
+        return result
+
+    def _points(self, loss_fn: LossFn, batch: Any, points: Sequence[Point]
+                ) -> tuple[list[torch.Tensor], bool, dict[nn.Module, Calls]]:
+        """Return (each point's losses, whether all are finite, {module: calls}) after one
+        forward and one backward per point (``clipped_sum``'s docstring)."""
         point_losses, all_finite, layers = [], True, {}
         for point in points:
             if point.offsets is None:  # theta itself (most methods): nothing to move
@@ -212,11 +230,74 @@ class BookKeepingEngine:
                 layers.setdefault(module, []).extend(calls)
         if len(points) > 1:
             layers = {m: self._same_inputs_merged(m, calls) for m, calls in layers.items()}
-        result = self._clip(point_losses, all_finite, layers, factors_fn)
-        if observe is not None and bool(result.kept.any()):  # diagnostics only
-            rows = result.kept.to(result.norms.device)
-            observe({k: v[rows] for k, v in self.layer_norms().items()}, result.norms[rows])
-        return result
+        return point_losses, all_finite, layers
+
+    def clipped_user_sum(self, loss_fn: LossFn, batch: Any, users: torch.Tensor,
+                         points: Sequence[Point], factors_fn: FactorsFn) -> ClippedSum:
+        """Per-user clipping (``per_user``): ``sum_u c_u D_u`` with ``c_u = factors_fn(||D_u||)``
+        and ``D_u = sum_{i in u} d_i``, from the same one backward per point.
+
+        Each layer's rule gives ``||D_u||^2`` from the recorded inputs and output gradients
+        with the user as one example whose positions are its examples' positions concatenated
+        (``LayerRule.user_norm_sq``, ``user_rows``: Bu et al. 2023, eq. 2 and 4 over the user's
+        tokens; the ghost norm of Goodfellow 2015 and Li et al. 2022); the clipped sum is the
+        layers' re-weighted weight gradients (their eq. 5) with every row of user u weighted
+        by ``c_u``: ``sum_u c_u D_u = sum_i c_{u(i)} d_i``. No per-example or per-user gradient
+        of a large layer is formed. The rows of a user need not be contiguous.
+
+        The drop rule is the per-example one (``protocol.kept_examples``): an example whose
+        loss at some point is not finite is masked before the backward; if a user's norm is
+        not finite, the per-example norms find the examples whose own gradient is not, which
+        are dropped, and a user still not finite is dropped whole. A dropped example adds
+        nothing to its user's sum; a user with no kept example has norm and factor 0.
+        """
+        rows = UserRows.of(users)
+        point_losses, _, layers = self._points(loss_fn, batch, points)
+        for module, calls in layers.items():
+            self._check_user_rule(module)
+        ok = kept_examples(torch.zeros(len(rows.inverse)), point_losses).cpu()
+        if not bool(ok.all()):  # inputs of a dropped row may be inf: 0 * inf is NaN
+            layers = _rows_zeroed(layers, ok)
+        user_sq = self._user_norm_sq(layers, rows, point_losses[0])
+        if not bool(torch.isfinite(user_sq).all()):  # find the examples that are not finite
+            example_sq = added([self._rules[m].norm_sq(m, calls) for m, calls in
+                                layers.items()]) if layers else torch.zeros(len(ok))
+            ok &= torch.isfinite(example_sq).cpu()
+            layers = _rows_zeroed(layers, ok)
+            user_sq = self._user_norm_sq(layers, rows, point_losses[0])
+        finite_u = torch.isfinite(user_sq).cpu()
+        kept_u = torch.zeros(rows.count, dtype=torch.bool)
+        kept_u[rows.inverse[ok]] = True
+        kept_u &= finite_u
+        if not bool(finite_u.all()):  # a user whose sum overflows is dropped whole
+            ok &= kept_u[rows.inverse]
+            layers = _rows_zeroed(layers, ok)
+        keep_u = kept_u.to(user_sq.device)
+        norms = torch.where(keep_u, user_sq, torch.zeros_like(user_sq)).sqrt()
+        factors = torch.where(keep_u, factors_fn(norms).to(norms.dtype), torch.zeros_like(norms))
+        f_rows = rows.per_row(factors)
+        sums: dict[nn.Parameter, torch.Tensor] = {}
+        for module, calls in layers.items():
+            sums.update(self._rules[module].clipped(module, calls, f_rows))
+        out = [sums[p] if p in sums else torch.zeros_like(p) for p in self.params]
+        losses = point_losses[0]
+        if not bool(ok.all()):
+            losses = losses[ok[:len(losses)].to(losses.device)]
+        return ClippedSum(out, norms, factors, losses, kept_u)
+
+    def _user_norm_sq(self, layers: dict[nn.Module, Calls], rows: UserRows,
+                      like: torch.Tensor) -> torch.Tensor:
+        """Return per-user ||D_u||^2 [U] summed over the layers' rules."""
+        if not layers:
+            return torch.zeros(rows.count, dtype=like.dtype, device=like.device)
+        return added([self._rules[m].user_norm_sq(m, calls, rows)
+                      for m, calls in layers.items()])
+
+    def _check_user_rule(self, module: nn.Module) -> None:
+        """Refuse, in one line naming the layer, a rule without a per-user norm."""
+        if not self._rules[module].per_user:
+            raise ConfigError(per_user_layer_refusal(self.mode, self._name(module),
+                                                      type(module).__name__))
 
     def _check_inputs(self, module: nn.Module, calls: Calls) -> None:
         """Refuse a layer whose recorded input was modified in place after the layer read it
@@ -297,6 +378,31 @@ class BookKeepingEngine:
         self._handles = []
 
     close = remove_hooks
+
+
+def _rows_zeroed(layers: dict[nn.Module, Calls], ok: torch.Tensor) -> dict[nn.Module, Calls]:
+    """Return the calls with the rows outside ``ok`` zeroed (a dropped example adds nothing)."""
+    return {m: [Call(zero_rows(c.a, ok), zero_rows(c.g, ok), c.state, c.version)
+                for c in calls] for m, calls in layers.items()}
+
+
+def per_user_layer_refusal(mode: str, layer: str, kind: str) -> str:
+    """Return the one-line refusal of a layer whose rule forms no per-user norm."""
+    return (f"trainer.grad_sample_mode={mode}: layer {layer} ({kind}) has no per-user rule "
+            "(privacy.unit=user with privacy.user_strategy=uls clips each user's gradient "
+            "sum); use trainer.grad_sample_mode=hooks or functorch")
+
+
+def bk_per_user_unsupported(model: nn.Module) -> str | None:
+    """Return a one-line reason book-keeping cannot clip ``model`` per user, or None."""
+    reason = bk_unsupported(model)
+    if reason is not None:
+        return reason
+    for name, m in trainable_layers(model):
+        rule = rule_for(m)
+        if rule is not None and not rule.per_user:
+            return f"layer {name or type(m).__name__!r}: no per-user rule for {type(m).__name__}"
+    return None
 
 
 def _as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

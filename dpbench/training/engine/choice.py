@@ -4,7 +4,7 @@
 sums formed directly) when the method needs only per-example norms and clip factors, of one
 point or of a combination of several (DiSK, FIBER, IVON with several samples: the rules form
 the combination's norm with its cross terms), and every trainable layer has an exact
-book-keeping rule; otherwise Opacus ``hooks`` (materialised per-example gradients), which
+book-keeping rule (under per-user clipping, one with a per-user norm too); otherwise Opacus ``hooks`` (materialised per-example gradients), which
 gradient diagnostics and the audit's canaries need. See docs/engine.md.
 """
 
@@ -17,7 +17,7 @@ from torch import nn
 
 from dpbench.errors import ConfigError
 from dpbench.training.engine import ghost, materialised  # noqa: F401 - they register engines
-from dpbench.training.engine.bookkeeping import bk_unsupported
+from dpbench.training.engine.bookkeeping import bk_per_user_unsupported, bk_unsupported
 from dpbench.training.engine.check import EngineCheck, EngineVerifier
 from dpbench.training.engine.per_user import per_user_refusal
 from dpbench.training.engine.protocol import ENGINES, Engine
@@ -31,11 +31,8 @@ log = logging.getLogger(__name__)
 AUTO_FALLBACKS = ("hooks", "functorch")
 
 
-def needs_materialised(method: Any, task: Any, materialise: bool = False,
-                       per_user: bool = False) -> str | None:
+def needs_materialised(method: Any, task: Any, materialise: bool = False) -> str | None:
     """Return why this run needs materialised per-example gradients, or None."""
-    if per_user:
-        return "privacy.unit=user clips each user's gradient sum (engine/per_user.py)"
     if method.needs_per_example_grads:
         return f"method {method.name!r} reads materialised per-example gradients"
     if getattr(task, "observes_gradients", False) and not getattr(task, "observes_norms_only",
@@ -90,11 +87,11 @@ def choose_grad_sample_mode(requested: str, model: nn.Module, method: Any, task:
         if why is not None:
             raise ConfigError(why)
         return requested
-    need = needs_materialised(method, task, materialise, per_user)
+    need = needs_materialised(method, task, materialise)
     if need is not None:
         log.info("grad_sample_mode=auto: hooks (%s)", need)
         return "hooks"
-    reason = bk_unsupported(model)
+    reason = bk_per_user_unsupported(model) if per_user else bk_unsupported(model)
     if reason is not None:
         log.info("grad_sample_mode=auto: hooks (book-keeping unsupported: %s)", reason)
         return "hooks"
@@ -131,8 +128,9 @@ def build_verified_engine(requested: str, model: nn.Module, method: Any, task: A
     verifier.prepare()
     rejected: list[dict] = []
     if requested == "auto":
-        if first != "bk" and needs_materialised(method, task, materialise, per_user) is None:
-            rejected.append({"engine": "bk", "reason": bk_unsupported(model)})
+        if first != "bk" and needs_materialised(method, task, materialise) is None:
+            rejected.append({"engine": "bk", "reason": bk_per_user_unsupported(model)
+                             if per_user else bk_unsupported(model)})
         order = [first, *(m for m in AUTO_FALLBACKS if m != first)]
     else:
         order = [first]

@@ -11,10 +11,19 @@ sum by at most C, which is the sensitivity the DP-SGD-over-users accountant assu
 user's SUM (not its mean) is clipped: the sensitivity is C whatever the number of the user's
 examples in the batch, and a user with more examples is not down-weighted before the clip.
 
-Only engines that materialise per-example gradients (``hooks``, ``functorch``) form D_u
-(``clip_per_user``). Book-keeping (``bk``) and ghost clipping form per-example norms from
-per-layer rules; ||D_u|| would need every cross term of a user's examples, which their rules
-do not compute, so they refuse per-user clipping in one line (``per_user_refusal``).
+Every built-in engine forms D_u before its norm:
+
+- ``hooks``, ``functorch`` materialise per-example gradients and add them per user
+  (``clip_per_user``);
+- ``bk`` (``bookkeeping.BookKeepingEngine.clipped_user_sum``) and ``ghost``
+  (``ghost.GhostClippingEngine.clipped_user_sum``) never form D_u: a layer's per-example
+  gradient is a sum over positions, ``G_i = sum_t g_it a_it^T``, so a user's is the same sum
+  over its examples' positions concatenated, and the layer's ghost norm
+  ``||D_u||^2 = sum_{t,t'} (g_t . g_t')(a_t . a_t')`` (Goodfellow 2015; Li et al. 2022;
+  Bu et al. 2023, eq. 4) runs on the user's rows regrouped as one long example
+  (``user_rows``); the clipped sum re-weights every example of u by ``c_u``.
+
+An engine without a per-user path is refused in one line (``per_user_refusal``).
 """
 
 from __future__ import annotations

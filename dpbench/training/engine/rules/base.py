@@ -27,6 +27,12 @@ the spatial axis the same way; the clipped sum is one re-weighted weight gradien
 ``state`` is what a rule reads from the layer's weights at the call's point (the weight
 standardisation), recorded in the forward.
 
+Per user (``privacy.unit=user``, user-level sampling), ``user_norm_sq`` returns each user's
+``||D_u||^2``, ``D_u = sum_{i in u} G_i``, from the same calls and the batch's ``UserRows``: the
+user is one example whose positions are its examples' positions concatenated (``user_rows``),
+or, for instantiated gradients, their per-user sums. The clipped sum needs nothing new:
+``sum_u c_u D_u = sum_i c_{u(i)} G_i`` is ``clipped`` with each row's user's factor.
+
 One module per layer type in this package registers its rule with ``@layer_rule(...)`` on
 ``LAYER_RULES`` (docs/engine.md, "Adding a layer").
 """
@@ -40,6 +46,7 @@ import torch
 from torch import nn
 
 from dpbench.registry import Registry
+from dpbench.training.engine.user_rows import UserRows
 
 Tensor = torch.Tensor
 #: a layer's instantiated per-example gradients (B x its weights) are kept for its clipped sum
@@ -87,6 +94,14 @@ class LayerRule:
 
     def clipped(self, m: nn.Module, calls: Calls, f: Tensor) -> dict[nn.Parameter, Tensor]:
         """Return sum_i f_i grad_i for the module's trainable parameters the rule covers."""
+        raise NotImplementedError
+
+    #: whether ``user_norm_sq`` is implemented (a rule without it is refused per user)
+    per_user: ClassVar[bool] = False
+
+    def user_norm_sq(self, m: nn.Module, calls: Calls, rows: UserRows) -> Tensor:
+        """Return per-user ||D_u||^2 [U], ``D_u = sum_{i in u} grad_i`` (``rows`` groups the
+        calls' rows by user)."""
         raise NotImplementedError
 
     def check(self, m: nn.Module, cls: type) -> str | None:
@@ -147,6 +162,13 @@ def sum_sq(grads: dict[nn.Parameter, Tensor], calls: Calls) -> Tensor:
     return sum((sq(v) for v in grads.values()), zeros(calls))
 
 
+def user_sum_sq(grads: dict[nn.Parameter, Tensor], rows: UserRows, calls: Calls) -> Tensor:
+    """Return per-user ||D_u||^2 [U] from per-example ``grads`` [B, ...] (summed per user)."""
+    g = calls[0].g
+    out = torch.zeros(rows.count, dtype=g.dtype, device=g.device)
+    return sum((sq(rows.sums(v)) for v in grads.values()), out)
+
+
 def clipped_from(grads: dict[nn.Parameter, Tensor], f: Tensor) -> dict[nn.Parameter, Tensor]:
     """Return sum_i f_i grads_i per parameter."""
     return {p: torch.einsum("b,b...->...", f.to(v.dtype), v) for p, v in grads.items()}
@@ -178,3 +200,9 @@ class InstantiatedRule(LayerRule):
 
     def clipped(self, m: nn.Module, calls: Calls, f: Tensor) -> dict[nn.Parameter, Tensor]:
         return clipped_from(self.grads(m, calls), f)
+
+    per_user = True
+
+    def user_norm_sq(self, m: nn.Module, calls: Calls, rows: UserRows) -> Tensor:
+        """Return ||D_u||^2: the instantiated per-example gradients summed per user."""
+        return user_sum_sq(self.grads(m, calls), rows, calls)

@@ -4,7 +4,8 @@ A convolution is a linear layer on patches: with ``P_i`` [C k^2, L] example i's 
 output positions as tokens), ``G_i = g_i P_i^T`` (Bu et al., ICML 2023, eq. 2), its norm by
 instantiation or by the ghost norm ``<P_i^T P_i, g_i^T g_i>`` (their eq. 4), and the clipped
 sum torch's weight gradient with re-weighted output gradients (their eq. 5). Several calls are
-concatenated along L. The helpers are shared with ``conv1d`` and ``std_conv``.
+concatenated along L. Per user, ``D_u = sum_{i in u} g_i P_i^T`` concatenates the user's
+examples' patches along L too (``conv2d_user_norm_sq``), or sums their instantiated ``G_i``. The helpers are shared with ``conv1d`` and ``std_conv``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dpbench.training.engine.rules.base import (
     Kept,
     LayerRule,
     Tensor,
+    UserRows,
     added,
     gram_norm_sq,
     layer_rule,
@@ -185,6 +187,44 @@ def conv2d_norm_sq(m: nn.Conv2d, calls: Calls, keep: Kept | None = None) -> Tens
     return out + _bias_sq(m, calls)
 
 
+def conv2d_user_norm_sq(m: nn.Conv2d, calls: Calls, rows: UserRows) -> Tensor:
+    """Return per-user ||D_u||^2 of a 2-d convolution's weight and bias.
+
+    The user is one example whose output positions are its examples' positions concatenated
+    (Bu et al. eq. 2 and 4 with the user's n_u L positions as tokens, zero-padded to the
+    largest user): the ghost norm ``<P_u^T P_u, g_u^T g_u>`` on the regrouped patches when it
+    costs fewer multiply-adds than instantiating, else ``sum_{i in u} G_i`` of the
+    instantiated per-example gradients. The bias: ``||sum_{i in u} sum_l g_il||^2``.
+    """
+    g0 = calls[0].g
+    out = torch.zeros(rows.count, dtype=g0.dtype, device=g0.device)
+    if m.weight.requires_grad:
+        b, o = g0.shape[:2]
+        grp = m.groups
+        c_k = m.weight.shape[1] * m.weight.shape[2] * m.weight.shape[3]
+        length = rows.width * sum(c.g.shape[2] * c.g.shape[3] for c in calls)
+        if length * (c_k + o // grp) <= c_k * (o // grp):  # ghost on the user's positions
+            operands = _patch_operands(m, calls)
+            p = _cat_spatial([op[0] for op in operands])  # [B*G, C/G k^2, L]
+            gg = _cat_spatial([op[1] for op in operands])  # [B*G, O/G, L]
+            p_u = _user_positions(rows, p.view(b, grp, *p.shape[1:]))
+            g_u = _user_positions(rows, gg.view(b, grp, *gg.shape[1:]))
+            out = out + gram_norm_sq(p_u.transpose(1, 2), g_u.transpose(1, 2)).view(
+                rows.count, grp).sum(1)
+        else:
+            out = out + sq(rows.sums(conv_weight_per_example(m, calls, m.weight.shape)))
+    if m.bias is not None and m.bias.requires_grad:
+        out = out + rows.sums(conv_bias_grads(calls)).pow(2).sum(1)
+    return out
+
+
+def _user_positions(rows: UserRows, x: Tensor) -> Tensor:
+    """Return [U*G, K, n_max L] from x [B, G, K, L]: each user's rows along the positions."""
+    u = rows.regroup(x)  # [U, n_max, G, K, L]
+    count, width, grp, k, length = u.shape
+    return u.permute(0, 2, 3, 1, 4).reshape(count * grp, k, width * length)
+
+
 def conv2d_clipped(m: nn.Conv2d, calls: Calls, f: Tensor) -> dict[nn.Parameter, Tensor]:
     """Return sum_i f_i grad_i: torch's weight gradient with re-weighted output gradients."""
     out = {}
@@ -202,6 +242,11 @@ class Conv2dRule(LayerRule):
 
     def clipped(self, m: nn.Conv2d, calls: Calls, f: Tensor) -> dict[nn.Parameter, Tensor]:
         return conv2d_clipped(m, calls, f)
+
+    per_user = True
+
+    def user_norm_sq(self, m: nn.Conv2d, calls: Calls, rows: UserRows) -> Tensor:
+        return conv2d_user_norm_sq(m, calls, rows)
 
     def check(self, m: nn.Module, cls: type) -> str | None:
         return padding_refusal(m, cls)

@@ -9,8 +9,21 @@ from __future__ import annotations
 
 from torch import nn
 
-from dpbench.training.engine.rules.base import Call, Calls, Kept, LayerRule, Tensor, layer_rule
-from dpbench.training.engine.rules.conv import conv2d_clipped, conv2d_norm_sq, padding_refusal
+from dpbench.training.engine.rules.base import (
+    Call,
+    Calls,
+    Kept,
+    LayerRule,
+    Tensor,
+    UserRows,
+    layer_rule,
+)
+from dpbench.training.engine.rules.conv import (
+    conv2d_clipped,
+    conv2d_norm_sq,
+    conv2d_user_norm_sq,
+    padding_refusal,
+)
 
 
 class _Conv1dAs2d:
@@ -57,6 +70,12 @@ class Conv1dRule(LayerRule):
         if kept:
             keep.update(view.back(kept))
         return out
+
+    per_user = True
+
+    def user_norm_sq(self, m: nn.Conv1d, calls: Calls, rows: UserRows) -> Tensor:
+        """Return per-user squared gradient norms (the Conv2d rule's, height 1)."""
+        return conv2d_user_norm_sq(_Conv1dAs2d(m), _as_2d_calls(calls), rows)
 
     def clipped(self, m: nn.Conv1d, calls: Calls, f: Tensor) -> dict[nn.Parameter, Tensor]:
         """Return sum_i f_i grad_i (the Conv2d rule, height 1)."""

@@ -4,6 +4,8 @@
 norm ``<a_i a_i^T, g_i g_i^T>`` (their eq. 4) or by instantiation, whichever costs fewer
 multiply-adds (their sec. 3.3); the clipped sum ``(f g)^T a`` (their eq. 5). Several calls in
 one forward are concatenated along the token axis (exact: eq. 2 is a sum over tokens).
+Per user, ``D_u = sum_{i in u} sum_t g_it a_it^T`` is the same sum over the user's examples'
+tokens concatenated (``UserRows.tokens``), so the same norm applies to the regrouped rows.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ import torch
 from torch import nn
 
 from dpbench.training.engine.rules.base import (
+    Call,
     Calls,
     Kept,
     LayerRule,
     Tensor,
+    UserRows,
     gram_norm_sq,
     layer_rule,
     sq,
@@ -60,6 +64,14 @@ class LinearRule(LayerRule):
         if has_bias:
             out = out + g3.sum(1).pow(2).sum(1)
         return out
+
+    per_user = True
+
+    def user_norm_sq(self, m: nn.Linear, calls: Calls, rows: UserRows) -> Tensor:
+        """Return per-user ||D_u||^2: ``norm_sq`` of the user as one example whose tokens are
+        its examples' tokens (zero-padded to the largest user: zero tokens add nothing)."""
+        a, g = token_merged(calls)
+        return self.norm_sq(m, [Call(rows.tokens(a), rows.tokens(g))])
 
     def clipped(self, m: nn.Linear, calls: Calls, f: Tensor) -> dict[nn.Parameter, Tensor]:
         """Return sum_i f_i grad_i for the layer's trainable parameters (one matmul each)."""

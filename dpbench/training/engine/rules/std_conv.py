@@ -7,7 +7,7 @@
 timm computes it, with the gain and the fan-in scale of Brock et al. 2021, "Characterizing
 signal propagation to close the performance gap in unnormalized ResNets". The per-example
 gradient of W is the chain rule through this map applied to the ``conv`` rule's gradient of
-W_eff (Bu et al., ICML 2023, eq. 2).
+W_eff (Bu et al., ICML 2023, eq. 2); per user those gradients are summed over the user's rows.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from dpbench.training.engine.rules.base import (
     Kept,
     LayerRule,
     Tensor,
+    UserRows,
     accumulate,
     layer_rule,
     sum_sq,
+    user_sum_sq,
 )
 from dpbench.training.engine.rules.conv import (
     conv_bias_grads,
@@ -105,6 +107,12 @@ class StdConvRule(LayerRule):
                 <= KEEP_INSTANTIATED_ELEMENTS:
             keep.update(grads)
         return sum_sq(grads, calls)
+
+    per_user = True
+
+    def user_norm_sq(self, m: nn.Conv2d, calls: Calls, rows: UserRows) -> Tensor:
+        """Return per-user ||D_u||^2: the instantiated per-example gradients summed per user."""
+        return user_sum_sq(_per_example(m, calls), rows, calls)
 
     def clipped(self, m: nn.Conv2d, calls: Calls, f: Tensor) -> dict[nn.Parameter, Tensor]:
         """Return sum_i f_i grad_i: the Jacobian is the same for every example, so it is applied
