@@ -253,7 +253,7 @@ class BookKeepingEngine:
         """
         rows = UserRows.of(users)
         point_losses, _, layers = self._points(loss_fn, batch, points)
-        for module, calls in layers.items():
+        for module in layers:
             self._check_user_rule(module)
         ok = kept_examples(torch.zeros(len(rows.inverse)), point_losses).cpu()
         if not bool(ok.all()):  # inputs of a dropped row may be inf: 0 * inf is NaN

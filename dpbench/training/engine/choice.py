@@ -4,7 +4,8 @@
 sums formed directly) when the method needs only per-example norms and clip factors, of one
 point or of a combination of several (DiSK, FIBER, IVON with several samples: the rules form
 the combination's norm with its cross terms), and every trainable layer has an exact
-book-keeping rule (under per-user clipping, one with a per-user norm too); otherwise Opacus ``hooks`` (materialised per-example gradients), which
+book-keeping rule (under per-user clipping, one with a per-user norm too); otherwise Opacus
+``hooks`` (materialised per-example gradients), which
 gradient diagnostics and the audit's canaries need. See docs/engine.md.
 """
 

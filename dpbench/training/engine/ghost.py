@@ -231,13 +231,13 @@ class GhostClippingEngine(OpacusWrapped):
             self._clear()
             self.module.user_rows = None
             losses = loss_fn(self.module, part)
+            self.module.user_rows = rows
+            losses.sum().backward(retain_graph=True)  # also releases the hooks' activations
+            self.module.user_rows = None
             finite = torch.isfinite(losses.detach()).cpu()
             if not bool(finite.all()):  # the row is left out of both passes
                 index = index[finite]
                 continue
-            self.module.user_rows = rows
-            losses.sum().backward(retain_graph=True)
-            self.module.user_rows = None
             norms_u = self.module.get_norm_sample().detach()
             if norms_u.shape[:1] != (rows.count,):
                 raise ConfigError(f"grad_sample_mode=ghost: {norms_u.shape[0]} per-user "

@@ -1,6 +1,7 @@
 """Per-user clipping (privacy.unit=user, ULS): each user's gradient sum is formed before its
 norm is clipped; one user's records all changing moves the pre-noise sum by at most C; the
-per-run check refuses an engine whose per-user sums are wrong; bk and ghost refuse in one line.
+per-run check refuses an engine whose per-user sums are wrong; an engine without per-user
+sums refuses in one line (bk and ghost: test_per_user_engines.py).
 """
 
 from __future__ import annotations
@@ -164,28 +165,21 @@ def test_the_per_run_check_refuses_wrong_per_user_sums(wrapper):
     engine.close()
 
 
-@pytest.mark.parametrize("mode", ["bk", "ghost"])
-def test_engines_without_per_user_sums_refuse_in_one_line(mode):
+def test_an_engine_without_per_user_sums_refuses_in_one_line(monkeypatch):
+    """Every built-in engine clips per user (test_per_user_engines.py); one that declares it
+    cannot is refused in one line naming the key."""
+    from dpbench.training.engine.protocol import ENGINES
+
     class M:
         name, needs_per_example_grads = "dpsgd", False
 
         def gradient_evaluations_per_step(self):
             return 1
 
-    why = refusal(mode, M(), object(), per_user=True)
+    monkeypatch.setattr(ENGINES.get("ghost"), "per_user_supported", False)
+    why = refusal("ghost", M(), object(), per_user=True)
     assert why is not None and "\n" not in why and "privacy.unit=user" in why
     assert refusal("hooks", M(), object(), per_user=True) is None
-
-
-def test_bk_requested_under_uls_is_a_config_error():
-    from dpbench.training.engine.choice import choose_grad_sample_mode
-
-    class M:
-        name, needs_per_example_grads = "dpsgd", False
-
-        def gradient_evaluations_per_step(self):
-            return 1
-
-    with pytest.raises(ConfigError, match="grad_sample_mode=bk"):
-        choose_grad_sample_mode("bk", _model(), M(), object(), per_user=True)
-    assert choose_grad_sample_mode("auto", _model(), M(), object(), per_user=True) == "hooks"
+    with pytest.raises(ConfigError, match="grad_sample_mode=ghost"):
+        from dpbench.training.engine.choice import choose_grad_sample_mode
+        choose_grad_sample_mode("ghost", _model(), M(), object(), per_user=True)

@@ -5,7 +5,8 @@ output positions as tokens), ``G_i = g_i P_i^T`` (Bu et al., ICML 2023, eq. 2), 
 instantiation or by the ghost norm ``<P_i^T P_i, g_i^T g_i>`` (their eq. 4), and the clipped
 sum torch's weight gradient with re-weighted output gradients (their eq. 5). Several calls are
 concatenated along L. Per user, ``D_u = sum_{i in u} g_i P_i^T`` concatenates the user's
-examples' patches along L too (``conv2d_user_norm_sq``), or sums their instantiated ``G_i``. The helpers are shared with ``conv1d`` and ``std_conv``.
+examples' patches along L too (``conv2d_user_norm_sq``), or sums their instantiated ``G_i``.
+The helpers are shared with ``conv1d`` and ``std_conv``.
 """
 
 from __future__ import annotations
