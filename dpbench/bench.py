@@ -367,6 +367,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead of the step tables: seeds per CPU-minute of an N-seed "
                              "sweep of the demo cell, each seed alone vs --seeds-at-once at "
                              "a time (fresh dpbench processes; bench_seeds.py)")
+    parser.add_argument("--users", type=int, default=None,
+                        help="time per-user clipping instead (privacy.unit=user, ULS): the "
+                             "batch's rows as users of this many rows, each mode against "
+                             "hooks per user (bench_users.py)")
     parser.add_argument("--seeds-at-once", type=int, default=16)
     parser.add_argument("--seed-rounds", type=int, default=1,
                         help="rounds of the two sweeps, alternating their order")
@@ -374,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     for option, value, least in (("--rounds", args.rounds, 1), ("--reps", args.reps, 1),
                                  ("--warmup", args.warmup, 0), ("--threads", args.threads, 1),
                                  ("--batch-size", args.batch_size, 1),
-                                 ("--processes", args.processes, 2)):
+                                 ("--processes", args.processes, 2),
+                                 ("--users", args.users, 1)):
         if value is not None and value < least:
             parser.error(f"{option} must be at least {least} (got {value})")
     for option, value in (("--seeds", args.seeds), ("--seeds-at-once", args.seeds_at_once),
@@ -404,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"clock {args.clock}, load average {load[0]:.1f} (cpus {os.cpu_count()})")
+    if args.users:
+        _print_users(args, device, clock)
+        return 0
     if any(name not in METHOD_MODELS for name in args.models):
         print("| model | variant | batch | ms / step | / non-private | / best Opacus |")
         print("|---|---|---|---|---|---|")
@@ -446,6 +454,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.processes:
         _print_processes(args, device)
     return 0
+
+
+def _print_users(args: argparse.Namespace, device: torch.device,
+                 clock: Callable[[], float]) -> None:
+    """Print each mode's per-user step against the non-private and the hooks per-user step."""
+    from dpbench.bench_users import REFERENCE, bench_users, print_users_table
+
+    print(f"| model | variant | batch | ms / step | / non-private | / {REFERENCE} per user |")
+    print("|---|---|---|---|---|---|")
+    modes = list(dict.fromkeys([REFERENCE, *args.modes]))
+    for name in (m for m in args.models if m in DEFAULT_MODELS):  # the image models
+        shape, b_cpu, b_gpu = DEFAULT_MODELS[name]
+        batch = args.batch_size or (b_gpu if device.type == "cuda" else b_cpu)
+        rounds = [bench_users(name, modes, batch, shape, args.users, device, args.reps,
+                              args.warmup, clock) for _ in range(args.rounds)]
+        print_users_table(name, batch, args.users, rounds)
 
 
 def _print_processes(args: argparse.Namespace, device: torch.device) -> None:

@@ -64,6 +64,7 @@ def test_rounds_report_the_median_of_per_round_ratios_and_their_range():
     (["--warmup", "-1"], "--warmup"), (["--batch-size", "0"], "--batch-size"),
     (["--device", "nosuch"], "--device"), (["--device", "cuda"], "--device"),
     (["--seeds", "0"], "--seeds"), (["--seeds", "2", "--seeds-at-once", "0"], "--seeds-at-once"),
+    (["--users", "0"], "--users"),
 ])
 def test_bad_options_are_one_line_before_any_timing(argv, key, capsys):
     if argv == ["--device", "cuda"] and torch.cuda.is_available():
@@ -121,3 +122,23 @@ def test_the_seeds_table_reports_seeds_per_cpu_minute_and_the_median_ratio(capsy
     # median CPU 26 s: 16 seeds * 60 / 26 = 36.92 per CPU-minute; 62 / 26 = 2.38x; per-round
     # ratios 3.00 and 2.00
     assert "| 16 | 16 | 26.0 |" in rows[1] and "| 36.92 | 2.38x (2.00-3.00) |" in rows[1]
+
+
+def test_the_users_table_times_per_user_steps_against_hooks_per_user(capsys):
+    """``--users K``: each mode clips users of K rows (engine.clipped_user_sum), a row per
+    mode with its ratio to the non-private step and to hooks per user."""
+    from dpbench.bench_users import bench_users
+
+    r = bench_users("mlp", ["hooks", "bk", "ghost"], 10, (1, 8, 8), 4, torch.device("cpu"),
+                    reps=1, warmup=1)
+    assert set(r) == {"nonprivate", "hooks per user", "bk per user", "ghost per user"}
+    assert all(math.isfinite(v) and v > 0 for v in r.values())
+    threads = torch.get_num_threads()
+    try:
+        assert main(["--models", "mlp", "--modes", "bk", "--users", "4", "--batch-size", "8",
+                     "--reps", "1", "--warmup", "0", "--rounds", "1", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "| mlp | bk per user | 8 (2 users of 4) |" in out
+    assert "| mlp | hooks per user | 8 (2 users of 4) |" in out and "1.00x |" in out

@@ -166,6 +166,11 @@ def test_dpbench_bench_times_one_repetition(outside):
                                   "--reps", "1", "--warmup", "0", "--rounds", "1",
                                   "--threads", "1"], outside)
     assert "| mlp | dpbench bk |" in done.stdout
+    users = _run("dpbench-bench", ["--models", "mlp", "--modes", "bk", "ghost", "--users", "4",
+                                   "--reps", "1", "--warmup", "0", "--rounds", "1",
+                                   "--threads", "1"], outside)
+    assert "| mlp | bk per user | 256 (64 users of 4) |" in users.stdout
+    assert "| mlp | ghost per user |" in users.stdout
 
 
 def test_dpbench_tune_with_one_learning_rate(outside):
