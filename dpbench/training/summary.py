@@ -32,8 +32,11 @@ def engine_check_record(trainer: Any) -> dict[str, Any] | None:
     if not checks:
         return None
     return {"engine": trainer.grad_sample_mode,
-            "verified": "per-example norms, clipped and unclipped sums against plain "
-                        "autograd, before the first release and after each resume",
+            "verified": "per-example norms, clipped and unclipped sums"
+                        + (" and per-user norms and clipped sums"
+                           if getattr(trainer.engine, "per_user", False) else "")
+                        + " against plain autograd, before the first release and after "
+                          "each resume",
             "examples": checks[-1]["examples"], "tolerance": checks[-1]["tolerance"],
             "checks": [{k: c[k] for k in ("when", "step", "engine", "seconds")} for c in checks],
             "rejected": trainer.engine_rejected}
