@@ -189,14 +189,10 @@ def conv2d_norm_sq(m: nn.Conv2d, calls: Calls, keep: Kept | None = None) -> Tens
 
 
 def conv2d_user_norm_sq(m: nn.Conv2d, calls: Calls, rows: UserRows) -> Tensor:
-    """Return per-user ||D_u||^2 of a 2-d convolution's weight and bias.
-
-    The user is one example whose output positions are its examples' positions concatenated
-    (Bu et al. eq. 2 and 4 with the user's n_u L positions as tokens, zero-padded to the
-    largest user): the ghost norm ``<P_u^T P_u, g_u^T g_u>`` on the regrouped patches when it
-    costs fewer multiply-adds than instantiating, else ``sum_{i in u} G_i`` of the
-    instantiated per-example gradients. The bias: ``||sum_{i in u} sum_l g_il||^2``.
-    """
+    """Return per-user ||D_u||^2 of a 2-d convolution's weight and bias: the user is one
+    example whose positions are its examples' (Bu et al. eq. 2 and 4 over n_u L positions,
+    zero-padded): the ghost norm on the regrouped patches when it costs fewer multiply-adds,
+    else ``sum_{i in u} G_i`` instantiated. The bias: ``||sum_{i in u} sum_l g_il||^2``."""
     g0 = calls[0].g
     out = torch.zeros(rows.count, dtype=g0.dtype, device=g0.device)
     if m.weight.requires_grad:
