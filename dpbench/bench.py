@@ -456,12 +456,35 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def bench_users(name: str, modes: list[str], batch: int, shape, per_user: int,
+                device: torch.device, reps: int, warmup: int,
+                clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """Return the median step time (s) of "nonprivate" and "<mode> per user" on one model,
+    the rows forming users of ``per_user`` rows (``bench_users.user_step``)."""
+    from dpbench.bench_users import contiguous_users, user_step
+
+    torch.manual_seed(0)
+    base, data = model_and_batch(name, shape, batch, device)
+    users, task = contiguous_users(batch, per_user), _task(data)
+    steps: dict[str, Callable[[], None]] = {"nonprivate": _nonprivate_step(base, data)}
+    failed: dict[str, str] = {}
+    for mode in modes:
+        try:
+            steps[f"{mode} per user"] = user_step(copy.deepcopy(base), mode, data, users, task,
+                                                  device)
+        except Exception as err:  # a mode a model does not support
+            failed[f"{mode} per user"] = type(err).__name__
+    return _time_steps(steps, failed, reps, warmup, device, clock)
+
+
 def _print_users(args: argparse.Namespace, device: torch.device,
                  clock: Callable[[], float]) -> None:
-    """Print each mode's per-user step against the non-private and the hooks per-user step."""
-    from dpbench.bench_users import REFERENCE, bench_users, print_users_table
+    """Print each mode's per-user step: median ms, and its ratios (median and range over
+    rounds) to the non-private step and to the ``hooks`` per-user step."""
+    from dpbench.bench_users import REFERENCE
 
-    print(f"| model | variant | batch | ms / step | / non-private | / {REFERENCE} per user |")
+    ref = f"{REFERENCE} per user"
+    print(f"| model | variant | batch | ms / step | / non-private | / {ref} |")
     print("|---|---|---|---|---|---|")
     modes = list(dict.fromkeys([REFERENCE, *args.modes]))
     for name in (m for m in args.models if m in DEFAULT_MODELS):  # the image models
@@ -469,7 +492,16 @@ def _print_users(args: argparse.Namespace, device: torch.device,
         batch = args.batch_size or (b_gpu if device.type == "cuda" else b_cpu)
         rounds = [bench_users(name, modes, batch, shape, args.users, device, args.reps,
                               args.warmup, clock) for _ in range(args.rounds)]
-        print_users_table(name, batch, args.users, rounds)
+        users = -(-batch // args.users)
+        for key in rounds[0]:
+            if key == "nonprivate" or any(r[key] != r[key] for r in rounds):
+                continue
+            t = statistics.median(r[key] for r in rounds)
+            vs_ref = (_ratio([r[key] / r[ref] for r in rounds])
+                      if all(r[ref] == r[ref] for r in rounds) else "-")
+            print(f"| {name} | {key} | {batch} ({users} users of {args.users}) | "
+                  f"{1e3 * t:.1f} | {_ratio([r[key] / r['nonprivate'] for r in rounds])} | "
+                  f"{vs_ref} |", flush=True)
 
 
 def _print_processes(args: argparse.Namespace, device: torch.device) -> None:

@@ -127,7 +127,7 @@ def test_the_seeds_table_reports_seeds_per_cpu_minute_and_the_median_ratio(capsy
 def test_the_users_table_times_per_user_steps_against_hooks_per_user(capsys):
     """``--users K``: each mode clips users of K rows (engine.clipped_user_sum), a row per
     mode with its ratio to the non-private step and to hooks per user."""
-    from dpbench.bench_users import bench_users
+    from dpbench.bench import bench_users
 
     r = bench_users("mlp", ["hooks", "bk", "ghost"], 10, (1, 8, 8), 4, torch.device("cpu"),
                     reps=1, warmup=1)

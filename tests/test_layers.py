@@ -50,6 +50,7 @@ TIERS: dict[str, int] = {
     "analysis": READERS,
     "cli": RUNNERS, "__main__": RUNNERS, "tune": RUNNERS, "audit": RUNNERS, "bench": RUNNERS,
     "bench_processes": RUNNERS, "bench_seeds": RUNNERS, "bench_startup": RUNNERS,
+    "bench_users": RUNNERS,
     "runners": RUNNERS,
 }
 
