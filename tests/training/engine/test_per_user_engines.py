@@ -25,6 +25,7 @@ from dpbench.training.engine.user_rows import UserRows
 from tests.helpers import engine_grid as grid
 from tests.helpers.engines import ONE_POINT
 from tests.helpers.numerics import tolerance
+from tests.training.engine.test_per_user import _ByPosition, _Wrapped
 
 #: the users of the rows: sizes 4, 2 and 1, rows of a user out of order
 USERS = (3, 8, 3, 5, 3, 8, 3)
@@ -241,18 +242,6 @@ def _verifier(model):
     return EngineVerifier(model, _ce, TensorDataset(x[:8], y[:8]), torch.device("cpu"))
 
 
-class _Wrapped:
-    """An engine passing everything to the real one but its per-user sums."""
-
-    def __init__(self, engine):
-        self.engine, self.mode = engine, engine.mode
-        self.params, self.names, self.module = engine.params, engine.names, engine.module
-        self.per_user = True
-
-    def clipped_sum(self, *args, **kwargs):
-        return self.engine.clipped_sum(*args, **kwargs)
-
-
 class _ClipsBeforeSumming(_Wrapped):
     """Right per-user norms, but the sum clips each example (the engine's per-example path)."""
 
@@ -260,15 +249,6 @@ class _ClipsBeforeSumming(_Wrapped):
         good = self.engine.clipped_user_sum(loss_fn, batch, users, points, factors_fn)
         bad = self.engine.clipped_sum(loss_fn, batch, points, factors_fn)
         return ClippedSum(bad.sums, good.norms, good.factors, good.losses, good.kept)
-
-
-class _ByPosition(_Wrapped):
-    """Groups consecutive rows as users, not by user id."""
-
-    def clipped_user_sum(self, loss_fn, batch, users, points, factors_fn):
-        runs = torch.cumsum(torch.cat([torch.ones(1, dtype=torch.long),
-                                       (users[1:] != users[:-1]).long()]), 0)
-        return self.engine.clipped_user_sum(loss_fn, batch, runs, points, factors_fn)
 
 
 def _no_cross_terms(self, m, calls, rows):
