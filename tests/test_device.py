@@ -1,7 +1,8 @@
 """The accelerator path, checked on the device itself: ``make test-device`` (marker ``device``).
 
 Every code path must also run on CUDA (``trainer.device=auto``). These checks run there: the
-book-keeping engine equals Opacus hooks on the device, short runs of a one-point method (bk),
+book-keeping engine equals Opacus hooks on the device (per example, and per user with ghost
+clipping too), short runs of a one-point method (bk),
 a two-point method (hooks) and BandMF (correlated-noise state on the device) train there and
 spend exactly the epsilon of the same run on CPU, a resumed run equals an uninterrupted one,
 frozen-prefix caching equals the uncached run, and ``dpbench-bench --device`` prints its
@@ -77,6 +78,31 @@ def test_bk_equals_hooks_on_the_device(name, device):
     assert float((factors < 1).float().mean()) > 0.5  # the clipping is active
     assert torch.allclose(norms, ref_norms, rtol=DEVICE_REL, atol=0)
     for s, r in zip(sums, ref_sums):
+        assert float((s - r).norm()) <= DEVICE_REL * (float(r.norm()) + 1e-12)
+
+
+@pytest.mark.parametrize("mode", ["bk", "ghost"])
+def test_per_user_clipping_equals_hooks_on_the_device(mode, device):
+    """privacy.unit=user (ULS): bk's and ghost's per-user norms and clipped sums on the
+    device equal hooks' per-user path (users of 3, 2 and 1 rows, out of order)."""
+    from dpbench.training.engine.choice import build_engine
+    from tests.helpers.engines import ONE_POINT
+    from tests.training.engine.test_per_user_engines import _ce, _clip, _project_model
+
+    model, batch = _project_model("cnn2")
+    model, batch = model.to(device), _to(batch, device)
+    users = torch.tensor([4, 1, 4, 9, 1, 4, 6, 6, 6, 2], device=device)
+    outs = {}
+    with _full_float32():
+        for m in ("hooks", mode):
+            engine = build_engine(copy.deepcopy(model), m)
+            outs[m] = engine.clipped_user_sum(_ce, batch, users, ONE_POINT, _clip(0.05))
+            engine.close()
+    got, want = outs[mode], outs["hooks"]
+    assert all(s.device.type == device.type for s in got.sums)
+    assert got.kept.tolist() == want.kept.tolist() == [True] * 5
+    assert torch.allclose(got.norms, want.norms, rtol=DEVICE_REL, atol=0)
+    for s, r in zip(got.sums, want.sums):
         assert float((s - r).norm()) <= DEVICE_REL * (float(r.norm()) + 1e-12)
 
 

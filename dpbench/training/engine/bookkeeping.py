@@ -251,7 +251,7 @@ class BookKeepingEngine:
         are dropped, and a user still not finite is dropped whole. A dropped example adds
         nothing to its user's sum; a user with no kept example has norm and factor 0.
         """
-        rows = UserRows.of(users)
+        rows = UserRows.of(users, self.params[0].device if self.params else None)
         point_losses, _, layers = self._points(loss_fn, batch, points)
         for module in layers:
             self._check_user_rule(module)

@@ -227,7 +227,7 @@ class GhostClippingEngine(OpacusWrapped):
         n = len(index)
         while len(index):
             part = batch if len(index) == n else select_rows(batch, index)
-            rows = UserRows.of(users.cpu()[index])
+            rows = UserRows.of(users.cpu()[index], self.params[0].device)
             self._clear()
             self.module.user_rows = None
             losses = loss_fn(self.module, part)

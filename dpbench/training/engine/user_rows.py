@@ -27,10 +27,14 @@ class UserRows:
     inverse: torch.Tensor  # [B] the index in ``ids`` of each row's user (CPU)
     slot: torch.Tensor  # [B] the row's position among its user's rows (CPU)
     width: int  # the largest user's number of rows in this batch
+    #: ``inverse`` and ``slot`` on the device the engine computes on (one copy a batch)
+    at_inverse: torch.Tensor | None = None
+    at_slot: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, users: torch.Tensor) -> UserRows:
-        """Return the grouping of rows whose user ids are ``users`` [B]."""
+    def of(cls, users: torch.Tensor, device: torch.device | None = None) -> UserRows:
+        """Return the grouping of rows whose user ids are ``users`` [B] (index copies on
+        ``device``, the engine's, when given)."""
         users = users.detach().cpu().to(torch.int64)
         ids, inverse, counts = torch.unique(users, sorted=True, return_inverse=True,
                                             return_counts=True)
@@ -38,7 +42,17 @@ class UserRows:
         starts = torch.cumsum(counts, 0) - counts
         slot = torch.empty_like(inverse)
         slot[order] = torch.arange(len(users)) - torch.repeat_interleave(starts, counts)
-        return cls(ids, inverse, slot, int(counts.max()) if len(counts) else 0)
+        width = int(counts.max()) if len(counts) else 0
+        if device is None or torch.device(device).type == "cpu":
+            return cls(ids, inverse, slot, width)
+        return cls(ids, inverse, slot, width, inverse.to(device), slot.to(device))
+
+    def _on(self, x: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """Return index ``x`` (``inverse`` or ``slot``) on ``device``, the cached copy if any."""
+        cached = self.at_inverse if x is self.inverse else self.at_slot
+        if cached is not None and cached.device == device:
+            return cached
+        return x if x.device == device else x.to(device)
 
     @property
     def count(self) -> int:
@@ -47,13 +61,13 @@ class UserRows:
     def sums(self, x: torch.Tensor) -> torch.Tensor:
         """Return ``[U, ...]``: the sum of each user's rows of ``x`` [B, ...]."""
         out = torch.zeros((self.count, *x.shape[1:]), dtype=x.dtype, device=x.device)
-        return out.index_add_(0, self.inverse.to(x.device), x)
+        return out.index_add_(0, self._on(self.inverse, x.device), x)
 
     def regroup(self, x: torch.Tensor) -> torch.Tensor:
         """Return ``[U, width, ...]``: each user's rows of ``x`` [B, ...] side by side, the
         empty slots zero (or index 0 for integer inputs: their output gradients are zero)."""
         out = x.new_zeros((self.count, self.width, *x.shape[1:]))
-        out[self.inverse.to(x.device), self.slot.to(x.device)] = x
+        out[self._on(self.inverse, x.device), self._on(self.slot, x.device)] = x
         return out
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
@@ -68,4 +82,4 @@ class UserRows:
 
     def per_row(self, f: torch.Tensor) -> torch.Tensor:
         """Return each row's user's value of ``f`` [U] (a user's clip factor for its rows)."""
-        return f[self.inverse.to(f.device)]
+        return f[self._on(self.inverse, f.device)]
