@@ -319,3 +319,18 @@ def test_a_batch_whose_user_rows_are_not_contiguous_is_refused():
         with pytest.raises(PrivacyError, match="not contiguous") as err:
             list(user_chunks(x, torch.tensor([2, 5, 2, 9, 9, 9]), max_size))
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("ghost", "layer Conv2d is called more than once in one forward"),
+    ("bk", "layer 'layer' is called 2 times in one forward"),
+])
+def test_a_conv_called_twice_is_refused_per_user_in_one_line(mode, message):
+    model = grid.CalledTwice(nn.Conv2d(3, 3, 3, padding=1))
+    x, r = torch.randn(4, 3, 6, 6), torch.randn(4, 3, 6, 6)
+    engine = build_engine(model, mode)
+    with pytest.raises(ConfigError, match=message) as err:
+        engine.clipped_user_sum(grid.loss_fn, (x, r), torch.tensor([1, 2, 1, 3]), ONE_POINT,
+                                _clip(1.0))
+    assert "\n" not in str(err.value)
+    engine.close()
