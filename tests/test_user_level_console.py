@@ -33,14 +33,17 @@ def test_a_sweep_across_units_is_reported_per_unit(tmp_path_factory):
     assert "Duplicate runs" not in report  # the two units are two cells, not copies
 
 
-def test_dpbench_audit_plants_canary_users(tmp_path_factory):
+@pytest.mark.parametrize("strategy", ["uls", "els"])
+def test_dpbench_audit_plants_canary_users(tmp_path_factory, strategy):
     outside = tmp_path_factory.mktemp("user")
     run = outside / "audit"
     _run("dpbench-audit", ["method=dpsgd", "privacy=eps1", *QUIET, "privacy.unit=user",
-                           "audit.canaries=100", f"hydra.run.dir={run}"], outside)
+                           f"privacy.user_strategy={strategy}", "audit.canaries=100",
+                           f"hydra.run.dir={run}"], outside)
     record = json.loads((run / "results.json").read_text())
     assert record["kind"] == "audit" and record["status"] == "completed"
-    assert record["privacy_unit"] == "user" and record["user_level"]["strategy"] == "uls"
+    assert record["privacy_unit"] == "user" and record["user_level"]["strategy"] == strategy
+    assert ("canary_users" in record["audit"]) == (strategy == "els")
     assert 0 <= record["epsilon_lower"] <= record["epsilon_claimed"] == record["epsilon"]
 
 
