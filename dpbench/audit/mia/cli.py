@@ -11,7 +11,8 @@ lower bound comes with its ceiling (the bound of a perfect attack at this size);
 when the accounted epsilon lies above it, and a WARNING names both figures when a bound
 exceeds the accounted epsilon (flagged as ``privacy_violation`` in the record; the exit
 code stays 0, as ``dpbench-audit``'s). Bad settings exit 2 before any training and leave
-nothing behind.
+nothing behind. Under ``privacy.unit=user`` whole users are in or out and users are scored
+(``users.py``: the pool's users, the split, each attack's aggregate of a user's records).
 With ``trainer.resume=true`` a folder holding this very configuration's finished record (signed,
 its epsilon re-derived) is handed back without training: a rerun sweep skips finished cells.
 """
