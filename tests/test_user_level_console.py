@@ -33,12 +33,37 @@ def test_a_sweep_across_units_is_reported_per_unit(tmp_path_factory):
     assert "Duplicate runs" not in report  # the two units are two cells, not copies
 
 
-def test_dpbench_audit_plants_canary_users(tmp_path_factory):
+@pytest.mark.parametrize("strategy", ["uls", "els"])
+def test_dpbench_audit_plants_canary_users(tmp_path_factory, strategy):
     outside = tmp_path_factory.mktemp("user")
     run = outside / "audit"
     _run("dpbench-audit", ["method=dpsgd", "privacy=eps1", *QUIET, "privacy.unit=user",
-                           "audit.canaries=100", f"hydra.run.dir={run}"], outside)
+                           f"privacy.user_strategy={strategy}", "audit.canaries=100",
+                           f"hydra.run.dir={run}"], outside)
     record = json.loads((run / "results.json").read_text())
     assert record["kind"] == "audit" and record["status"] == "completed"
-    assert record["privacy_unit"] == "user" and record["user_level"]["strategy"] == "uls"
+    assert record["privacy_unit"] == "user" and record["user_level"]["strategy"] == strategy
+    assert ("canary_users" in record["audit"]) == (strategy == "els")
     assert 0 <= record["epsilon_lower"] <= record["epsilon_claimed"] == record["epsilon"]
+
+
+def test_dpbench_mia_attacks_whole_users(tmp_path_factory):
+    import numpy as np
+
+    outside = tmp_path_factory.mktemp("user")
+    run = outside / "mia"
+    done = _run("dpbench-mia", ["method=dpsgd", "privacy=eps1", *QUIET, "privacy.unit=user",
+                                "mia.pool_size=200", "mia.population_size=30",
+                                "mia.references=2", "mia.bootstrap=20", "trainer.batch_size=4",
+                                f"hydra.run.dir={run}"], outside)
+    assert "| dpsgd | digits |" in done.stdout
+    record = json.loads((run / "results.json").read_text())
+    assert record["kind"] == "mia" and record["status"] == "completed"
+    assert record["privacy_unit"] == "user" and record["mia"]["unit"] == "user"
+    users = record["mia"]["pool_users"]["users"]
+    with np.load(run / "scores.npz") as saved:  # scores and labels per user, one per pool user
+        assert saved["users"].shape == (200,) and saved["users"].max() + 1 == users
+        assert saved["scores_rmia"].shape == saved["target_members"].shape == (users,)
+        for user in range(users):  # every record of a user on one side
+            assert len(set(saved["members"][0][saved["users"] == user].tolist())) == 1
+    assert 0 <= record["mia_epsilon_lower"] <= record["epsilon"] <= 1.001

@@ -15,6 +15,10 @@ is a wrapper, never a patch of a running object:
   per-user clip instead: each example is clipped and the user's clipped examples summed, so
   a user of k records contributes up to k C, while the check is handed the true per-user
   norms and factors (``per_user_clip_broken``).
+* ``cap`` (``privacy.unit=user`` with ELS only): the per-user cap is not applied to the
+  canary users: each holds ``CAP_BREAK_FACTOR`` times k records, every one sampled and
+  clipped as an example, while the accountant composes the mixture of Gaussians of a user of
+  at most k (``audit/canaries.py``); a loop whose cap let a user through unbounded.
 
 Membership inference (``mia.break_noise_scale``) scales the released noise instead
 (``noise_scaled``: the mechanism's own noise shaper first, then the factor).
@@ -35,8 +39,10 @@ from dpbench.training.engine.materialised import clip_materialised
 from dpbench.training.engine.per_user import clip_per_user
 from dpbench.training.engine.protocol import ClippedSum
 
-#: the parts a test can break: none, the noise, the clipping
-BREAKS = ("none", "noise", "clipping")
+#: the parts a test can break: none, the noise, the clipping, ELS's per-user cap
+BREAKS = ("none", "noise", "clipping", "cap")
+#: ``cap``: how many times k records each canary user holds
+CAP_BREAK_FACTOR = 8
 
 
 class ZeroNoise:
@@ -109,10 +115,12 @@ def broken(method: DPMethod, part: str) -> DPMethod:
         raise ValueError(f"unknown break {part!r}; one of {BREAKS}")
     mechanism_cls = without_noise(method.mechanism_cls) if part == "noise" else \
         method.mechanism_cls
+    what = (f"each canary user held {CAP_BREAK_FACTOR} times privacy.max_examples_per_user "
+            "records" if part == "cap" else f"the release ran without its {part}")
     return dataclasses.replace(
         method, mechanism_cls=mechanism_cls, broken_on_purpose=(
-            f"audit.break_mechanism={part}: the release ran without its {part} while "
-            "claiming the planned epsilon (a test of the audit; not a private run)"))
+            f"audit.break_mechanism={part}: {what} while claiming the planned epsilon (a test "
+            "of the audit; not a private run)"))
 
 
 def unclipped_sum(per_example, params, names, loss_fn, batch, points, factors_fn,

@@ -28,6 +28,19 @@ included side stops short of the sampled included canaries; the excluded side is
 short runs). The defaults (``auto``) size m from the epsilon the run will claim, so that a
 broken mechanism is detectable at that epsilon where any count can (up to about 8 at delta =
 1e-5), and every result reports its power.
+
+Under ``privacy.unit=user`` the canaries are canary USERS, each of k =
+``privacy.max_examples_per_user`` identical Dirac records, sampled and clipped as the run
+treats a user, so that including or excluding one is exactly the user-level neighbouring
+relation the accountant bounds: under ULS the user joins a step with the user rate and its
+k records' sum is clipped once (its coordinate moves by C); under ELS each of its k records
+joins with the example rate on its own and is clipped as an example, so a step moves its
+coordinate by J C with J ~ Binomial(k, q): the mixture of Gaussians the ELS accountant
+composes. Steinke et al.'s one-run bound needs only that the mechanism is (epsilon,
+delta)-DP with respect to each canary's inclusion, independently drawn, which is what the
+user-level accounting states for a user of at most k records; so epsilon_lower compares to
+the accounted user-level epsilon under both strategies. ``break_mechanism=cap`` (ELS, tests
+only) gives every canary user ``CAP_BREAK_FACTOR`` k records while k is accounted.
 """
 
 from __future__ import annotations
@@ -52,7 +65,13 @@ from dpbench.audit.bounds import (
     reachable_power,
     unsampled_probability,
 )
-from dpbench.audit.broken import BREAKS, broken, per_user_clip_broken, unclipped_sum
+from dpbench.audit.broken import (
+    BREAKS,
+    CAP_BREAK_FACTOR,
+    broken,
+    per_user_clip_broken,
+    unclipped_sum,
+)
 from dpbench.errors import ConfigError
 from dpbench.methods.context import Released
 from dpbench.privacy import PrivacyAccountant
@@ -80,7 +99,7 @@ class AuditSettings:
     confidence: float = 0.95
     canary_norm: float = 1000.0  # in units of privacy.clip_norm: always clipped
     seed: int = 0
-    break_mechanism: str = "none"  # TESTS ONLY: none | noise | clipping
+    break_mechanism: str = "none"  # TESTS ONLY: none | noise | clipping | cap (ELS)
 
     def __post_init__(self) -> None:
         for key, low in (("canaries", 2), ("guesses_included", 0), ("guesses_excluded", 0)):
@@ -240,9 +259,12 @@ class CanaryAudit(Callback):
     """
 
     def __init__(self, audit: AuditSettings, unsampled: float, model: CanaryModel,
-                 clip_norm: float, rows_per_canary: int = 1) -> None:
+                 clip_norm: float, rows_per_canary: int = 1, els_rows: int = 0) -> None:
         self.audit, self.unsampled, self.model = audit, unsampled, model
         self.rows_per_canary = rows_per_canary  # privacy.unit=user (ULS): k, canary users
+        #: privacy.unit=user (ELS): the records of each canary user, each sampled on its own
+        #: at the example rate and clipped as an example (0: not ELS)
+        self.els_rows = els_rows
         self.unclipped = audit.break_mechanism == "clipping"  # TESTS ONLY
         self.canary_norm = audit.canary_norm * clip_norm
         gen = stream_generator(audit.seed, "audit_secrets")  # streams of their own
@@ -260,6 +282,11 @@ class CanaryAudit(Callback):
         return self.engine
 
     def on_step_start(self, view: LoopView) -> None:
+        if self.els_rows:  # ELS: each of a canary user's records joins with probability q
+            draws = torch.rand(len(self.included), self.els_rows, generator=self.sampler)
+            counts = (draws < view.plan.sample_rate).sum(dim=1) * self.included
+            self.engine.active = [c for c in range(len(counts)) for _ in range(int(counts[c]))]
+            return
         b = view.plan.bands  # canaries are sampled like data: cyclic Poisson when b > 1
         sampled = torch.rand(len(self.included), generator=self.sampler) < (
             b * view.plan.sample_rate)
@@ -297,7 +324,10 @@ class CanaryAudit(Callback):
                  "epsilon_lower_fdp": lower_fdp, "ceiling_fdp": ceiling_fdp,
                  "fdp_method": "f-DP one-run audit, Gaussian trade-off null (Mahloujifar, "
                                "Melis, Chaudhuri 2024)",
-                 "unsampled_probability": self.unsampled}
+                 "unsampled_probability": self.unsampled,
+                 **({"canary_users": {"strategy": "els", "records": self.els_rows,
+                                      "sampled": "each record at the example rate"}}
+                    if self.els_rows else {})}
         audit["exceeds_claimed"] = [name for name, value in (("epsilon_lower", lower),
                                                              ("epsilon_lower_fdp", lower_fdp))
                                     if value > summary["epsilon"]]
@@ -328,22 +358,25 @@ class CanaryRun:
                  data: Any, callbacks: list[Callback] | None = None, **kwargs: Any) -> Trainer:
         user = (user_setup(privacy, trainer, method, data, kwargs["seed"])
                 if method.private and privacy.enabled else None)
-        if user is not None and not user.per_user_clipping:
-            raise ConfigError("dpbench-audit under privacy.unit=user supports "
-                              "privacy.user_strategy=uls (canary users sampled as users); "
-                              "els samples a user's canary records one by one, which the "
-                              "audit does not model")
+        els = user is not None and not user.per_user_clipping
+        if self.settings.break_mechanism == "cap" and not els:
+            raise ConfigError("audit.break_mechanism=cap breaks the per-user cap of ELS: it "
+                              "needs privacy.unit=user with privacy.user_strategy=els")
         plan = run_plan(method, privacy, trainer, data, user)  # the Trainer's own plan
         if not plan.private:
             raise ConfigError(f"method {method.name!r} releases without noise (epsilon = "
                               "inf): there is nothing to audit")
         # an included canary that Poisson sampling never puts in a step leaves no trace: the
         # guesses and the stated power account for it (docs/audit-and-hpo.md)
-        unsampled = unsampled_probability(plan.sample_rate, plan.total_steps, plan.bands)
+        # (ELS: a canary user of k records, each sampled at q, is missed w.p. (1 - q)^(k T))
+        unsampled = unsampled_probability(plan.sample_rate, plan.total_steps
+                                          * (user.k if els else 1), plan.bands)
         audit = self.settings.sized(planned_epsilon(plan), plan.delta, unsampled)
         canary_model = CanaryModel(model, audit.canaries)
+        rows = (user.k * (CAP_BREAK_FACTOR if audit.break_mechanism == "cap" else 1)
+                if els else 0)
         self.canaries = CanaryAudit(audit, unsampled, canary_model, privacy.clip_norm,
-                                    user.k if user is not None else 1)
+                                    user.k if user is not None and not els else 1, rows)
         method = broken(method, audit.break_mechanism)  # TESTS ONLY; "none": itself
         self.trainer = Trainer(
             method=method, model=canary_model, privacy=privacy, data=data,

@@ -142,6 +142,42 @@ def _checked_convention(event: Any, conv: Mapping[str, Any] | None) -> Mapping[s
     return conv
 
 
+def els_groups(event: Any, count: int = 1) -> tuple[int, list[tuple[float, float, int]]] | None:
+    """Return (k, the (sigma, q, steps) groups) of an ELS event (``user_level.els_event``:
+    mixtures of Gaussians with sensitivities 0..k and Binomial(k, q) weights, composed or
+    self-composed); None if the event holds no mixture. ValueError (one line) for a mixture
+    of another shape, two values of k, or a mixture composed with another kind of event:
+    none of them is a mechanism dpbench runs, so none is re-accounted."""
+    from dp_accounting import dp_event
+
+    from dpbench.privacy.user_level import binomial_weights
+
+    if not _contains(event, dp_event.MixtureOfGaussiansDpEvent):
+        return None
+    if isinstance(event, dp_event.ComposedDpEvent):
+        parts = [els_groups(e, count) for e in event.events]
+        if any(p is None for p in parts) or len({p[0] for p in parts}) > 1:  # type: ignore[index]
+            raise ValueError("cannot re-account a mixture of Gaussians composed with another "
+                             "kind of event or another cap k")
+        return parts[0][0], [g for p in parts for g in p[1]]  # type: ignore[index]
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return els_groups(event.event, count * int(event.count))
+    if not isinstance(event, dp_event.MixtureOfGaussiansDpEvent):
+        raise ValueError(f"cannot re-account a mixture of Gaussians inside a "
+                         f"{type(event).__name__}")
+    sens = [float(c) for c in event.sensitivities]
+    k = len(sens) - 1
+    probs = [float(p) for p in event.sampling_probs]
+    if k < 1 or sens != [float(j) for j in range(k + 1)]:
+        raise ValueError(f"a mixture of Gaussians with sensitivities {sens} is not an ELS step "
+                         "(sensitivities 0, 1, ..., k)")
+    q = sum(j * p for j, p in enumerate(probs)) / k  # the binomial's mean is k q
+    if not 0 < q <= 1 or any(abs(p - w) > 1e-9 for p, w in zip(probs, binomial_weights(k, q))):
+        raise ValueError("a mixture of Gaussians whose weights are not Binomial(k, q) is not "
+                         "an ELS step")
+    return k, [(float(event.standard_deviation), q, count)]
+
+
 def event_epsilon(event: Mapping[str, Any] | Any, delta: float | None,
                   accountant: str = "pld", convention: Mapping[str, Any] | None = None
                   ) -> float:
@@ -152,10 +188,12 @@ def event_epsilon(event: Mapping[str, Any] | Any, delta: float | None,
 
     Multipliers relative to 2C (replace-one, ``shuffle``/``fixed_size``) are read as they are:
     sampling without replacement by dp-accounting's RDP accountant under replace-one, the
-    only one that has it, a plain Gaussian as a Poisson group at q = 1
-    (``samplers.sampling_epsilon``). Multipliers relative to C under replace-one (Poisson)
-    are read by the PLD accountant under replace-one, which doubles the sensitivity; under
-    add/remove or zero-out, as they are. A convention inconsistent with the event raises."""
+    only one that has it; an ELS event's mixtures of Gaussians (``els_groups``) by
+    ``user_level.els_epsilon``, dp-accounting's PLD of the mixture; a plain Gaussian as a
+    Poisson group at q = 1 (``samplers.sampling_epsilon``). Multipliers relative to C under
+    replace-one (Poisson) are read by the PLD accountant under replace-one, which doubles the
+    sensitivity; under add/remove or zero-out, as they are. A convention inconsistent with
+    the event raises."""
     from dp_accounting import dp_event
 
     from dpbench.privacy.samplers import REPLACE_ONE
@@ -171,6 +209,15 @@ def event_epsilon(event: Mapping[str, Any] | Any, delta: float | None,
         rdp_accountant = rdp.RdpAccountant(neighboring_relation=NeighboringRelation.REPLACE_ONE)
         rdp_accountant.compose(event)
         return float(rdp_accountant.get_epsilon(float(delta)))
+    els = els_groups(event)
+    if els is not None:  # ELS: the mixture of Gaussians, by dp-accounting's PLD only
+        from dpbench.privacy.user_level import els_epsilon
+
+        if accountant != "pld" or conv["neighbouring"] == REPLACE_ONE:
+            raise ValueError(f"accountant {accountant!r} under {conv['neighbouring']} has no "
+                             "analysis of the mixture of Gaussians (ELS); only pld under "
+                             "add_remove or zero_out")
+        return els_epsilon(els[1], els[0], float(delta))
     groups = _groups(event)
     if groups is None:
         return math.inf

@@ -43,6 +43,8 @@ STREAMS: tuple[str, ...] = (
     "mia_metrics",  # dpbench-mia's bootstrap and held-out threshold halves
     "user_partition",  # the synthetic user partition (index 0) and which of a user's
     # records privacy.max_examples_per_user keeps (index 1; dpbench/data/users.py)
+    "mia_user_split",  # which pool users train each dpbench-mia model under privacy.unit=user
+    # (indexed by model; dpbench/audit/mia/users.py)
 )
 
 

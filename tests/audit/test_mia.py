@@ -99,12 +99,13 @@ def test_lira_augment_queries_shifted_images(tmp_path):
                                            ("mia.attacks=[loss,foo]", "mia.attacks"),
                                            ("mia.headline=lira_online", "mia.headline"),
                                            ("trainer.num_threads=0", "num_threads"),
-                                           ("privacy.unit=user", "attacks records, not users")
-                                           ])
+                                           ("privacy.unit=user", "needs at least 8"),
+                                           ("privacy.unit=user", "dataset.num_users must be")])
 def test_mia_cli_rejects_bad_settings_and_leaves_nothing(tmp_path, monkeypatch, capfd,
                                                          override, key):
     run_dir = tmp_path / "mia"
-    extra = ["mia.attacks=[loss]"] if key == "mia.headline" else []
+    extra = {"mia.headline": ["mia.attacks=[loss]"], "needs at least 8": ["dataset.num_users=3"],
+             "dataset.num_users must be": ["dataset.num_users=100000"]}.get(key, [])
     code = run_cli(hydra_main, ["method=dpsgd", *TINY, *extra, override,
                                 f"hydra.run.dir={run_dir}"], monkeypatch)
     err = capfd.readouterr().err

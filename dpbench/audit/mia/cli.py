@@ -11,7 +11,8 @@ lower bound comes with its ceiling (the bound of a perfect attack at this size);
 when the accounted epsilon lies above it, and a WARNING names both figures when a bound
 exceeds the accounted epsilon (flagged as ``privacy_violation`` in the record; the exit
 code stays 0, as ``dpbench-audit``'s). Bad settings exit 2 before any training and leave
-nothing behind.
+nothing behind. Under ``privacy.unit=user`` whole users are in or out and users are scored
+(``users.py``: the pool's users, the split, each attack's aggregate of a user's records).
 With ``trainer.resume=true`` a folder holding this very configuration's finished record (signed,
 its epsilon re-derived) is handed back without training: a rerun sweep skips finished cells.
 """
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
     from dpbench.spec import RunSpec
 
 KIND = "mia"
+#: the fewest users a user-level pool may hold (each half needs members and non-members)
+MIN_POOL_USERS = 8
 HEADER = ("| method | dataset | epsilon | accuracy | attack | AUC [95 % CI] | TPR@0.1%FPR | "
           "TPR@1%FPR | epsilon_lower | ceiling |")
 #: the headline attack's values copied to the record's top level (the report's columns)
@@ -82,7 +85,8 @@ def mia_messages(record: dict[str, Any]) -> list[str]:
     if ceiling is not None and math.isfinite(eps) and eps > ceiling:
         out.append(f"dpbench-mia: note: epsilon_lower cannot exceed {ceiling:.3g} at this size "
                    f"({record['mia']['attacks'][record['mia_attack']]['epsilon']['evaluated']} "
-                   f"evaluated examples): this measurement cannot detect a violation above "
+                   f"evaluated {record['mia'].get('unit', 'example')}s): this measurement "
+                   f"cannot detect a violation above "
                    f"{ceiling:.3g} (the accounted epsilon is {eps:.3g}); raise mia.pool_size or "
                    "mia.targets")
     for name in record["mia"].get("exceeds_accounted", []):
@@ -114,16 +118,16 @@ def mia_run(spec: RunSpec, run_dir: Path | None = None,
     from dpbench.experiment import load_data
 
     cfg = spec.cfg
-    if spec.privacy.unit == "user":  # before any data is read or any model trains
-        raise ConfigError("dpbench-mia attacks records, not users: user-level membership "
-                          "inference (all of a user's records in or out) is not built; run "
-                          "it with privacy.unit=example")
     settings = mia_settings(cfg)
-    # the data sizes are checked here, before any model trains
-    pool, population = pool_and_population(load_data(cfg), settings)
-    outputs = train_models(spec, settings, pool, population)
+    # the data sizes (and under privacy.unit=user the pool's users) are checked here,
+    # before any model trains
+    data = load_data(cfg)
+    pool, population = pool_and_population(data, settings)
+    users = (pool_users_checked(data, cfg, settings, pool.indices)  # type: ignore[attr-defined]
+             if spec.privacy.unit == "user" else None)
+    outputs = train_models(spec, settings, pool, population, users)
     target = outputs.summaries[0]
-    attacks, curves, scores = score_attacks(outputs, settings, target["delta"] or 1e-5)
+    attacks, curves, scores = score_attacks(outputs, settings, target["delta"] or 1e-5, users)
     exceeding = exceeding_attacks(attacks, target["epsilon"])
     broken = ({"broken_on_purpose": f"mia.break_noise_scale={settings.break_noise_scale}: every "
                "model's noise was drawn at this fraction of its calibrated scale while "
@@ -137,15 +141,43 @@ def mia_run(spec: RunSpec, run_dir: Path | None = None,
                       "model_epsilons": [s["epsilon"] for s in outputs.summaries],
                       "members_per_target": [int(m.sum()) for m in
                                              outputs.members[:settings.targets]],
+                      **({} if users is None else {"unit": "user", **unit_facts(
+                          outputs.members[:settings.targets], users, settings.attacks)}),
                       "wall_time_s": outputs.wall_time_s,
                       "exceeds_accounted": exceeding}}
     if run_dir is not None:
-        write_scores(run_dir, scores_arrays(outputs, settings.targets, scores))
+        write_scores(run_dir, scores_arrays(outputs, settings.targets, scores, users))
         write_roc(run_dir, curves, {a: m["auc"] for a, m in attacks.items()},
                   f"{cfg.method.name} {cfg.privacy.name} seed {cfg.seed}")
         write_record(run_dir, record)
         log_to_wandb(cfg, record, curves, run_dir, group)
     return record
+
+
+def pool_users_checked(data: Any, cfg: DictConfig, settings: MIASettings,
+                       pool_rows: Any) -> Any:
+    """Return each pool record's user under ``privacy.unit=user`` (``users.pool_users``), or
+    a one-line ConfigError when the pool holds too few users to attack."""
+    import numpy as np
+
+    from dpbench.audit.mia.users import pool_users
+
+    users = pool_users(data, cfg.dataset, settings.seed, np.asarray(pool_rows))
+    if int(users.max()) + 1 < MIN_POOL_USERS:
+        raise ConfigError(f"mia.pool_size={settings.pool_size} holds {int(users.max()) + 1} "
+                          f"users; user-level membership inference needs at least "
+                          f"{MIN_POOL_USERS} (raise mia.pool_size or dataset.num_users)")
+    return users
+
+
+def unit_facts(members: Any, users: Any, attacks: list[str]) -> dict[str, Any]:
+    """Return the record's user-level facts: the pool's users, the users in each target and
+    how each attack combined a user's records (``users.AGGREGATES``)."""
+    from dpbench.audit.mia.users import AGGREGATES, pool_facts, user_labels
+
+    return {"pool_users": pool_facts(users),
+            "member_users_per_target": [int(user_labels(m, users).sum()) for m in members],
+            "aggregate": {a: AGGREGATES[a] for a in attacks}}
 
 
 def check_mia_folder(run_dir: Path) -> None:

@@ -21,10 +21,12 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from dpbench.audit.broken import noise_scaled
 from dpbench.audit.mia.settings import MIASettings
 from dpbench.audit.mia.split import memberships, model_seed
+from dpbench.audit.mia.users import user_memberships
 from dpbench.data.base import TaskData, subset_indices
 from dpbench.errors import ConfigError
 from dpbench.spec import RunSpec
 from dpbench.training.loop import Trainer
+from dpbench.training.user_unit import USERS_KEY
 
 #: tasks whose ``collect_predictions`` gives per-example class log-probabilities: fair
 #: classification's test batches carry the group as a third tensor, which scoring ignores;
@@ -82,8 +84,9 @@ class _OnHalf:
     """``make_trainer`` for ``experiment.build``: the Trainer with its training set replaced
     (and, in tests only, its noise reduced: ``noise_scale`` below 1)."""
 
-    def __init__(self, train: Dataset, noise_scale: float = 1.0) -> None:
-        self.train, self.noise_scale = train, noise_scale
+    def __init__(self, train: Dataset, noise_scale: float = 1.0,
+                 users: np.ndarray | None = None) -> None:
+        self.train, self.noise_scale, self.users = train, noise_scale, users
         self.data: TaskData | None = None
 
     def __call__(self, *, data: TaskData, **kwargs: Any) -> Trainer:
@@ -99,6 +102,8 @@ class _OnHalf:
                              num_classes=data.num_classes, input_shape=data.input_shape,
                              class_names=data.class_names, notes=list(data.notes),
                              extras=dict(data.extras))
+        if self.users is not None:  # privacy.unit=user: the half's rows' users (users.py)
+            self.data.extras[USERS_KEY] = self.users
         trainer = Trainer(data=self.data, **kwargs)
         if trainer.data is not self.data:
             raise ConfigError("dpbench-mia reads raw inputs: set trainer.cache_frozen_prefix="
@@ -134,17 +139,21 @@ def pool_and_population(data: TaskData, settings: MIASettings) -> tuple[Dataset,
 
 
 def train_models(spec: RunSpec, settings: MIASettings, pool: Dataset,
-                 population: Dataset) -> ModelOutputs:
-    """Train the run's ``settings.models`` models; return their outputs on pool and population."""
+                 population: Dataset, users: np.ndarray | None = None) -> ModelOutputs:
+    """Train the run's ``settings.models`` models; return their outputs on pool and population.
+    With ``users`` (each pool record's user, ``privacy.unit=user``) whole users are drawn
+    (``users.user_memberships``) and each model trains on its users' records."""
     from dpbench.experiment import build
 
     total = settings.models
-    masks = memberships(settings.seed, total, len(pool))  # type: ignore[arg-type]
+    masks = (memberships(settings.seed, total, len(pool))  # type: ignore[arg-type]
+             if users is None else user_memberships(settings.seed, total, users))
     rows: dict[str, list[np.ndarray]] = {"lp": [], "phi": [], "lz": [], "aug": []}
     summaries, start = [], time.perf_counter()
     for k in range(total):
         trainer = build(spec.with_seed(model_seed(settings.seed, k)), None, make_trainer=_OnHalf(
-            Subset(pool, np.flatnonzero(masks[k]).tolist()), settings.break_noise_scale))
+            Subset(pool, np.flatnonzero(masks[k]).tolist()), settings.break_noise_scale,
+            None if users is None else users[masks[k]]))
         summaries.append(trainer.fit())
         with torch.no_grad():
             lp, phi = _outputs(trainer, pool)

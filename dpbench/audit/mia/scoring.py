@@ -17,6 +17,7 @@ from dpbench.audit.mia.attacks import (
 from dpbench.audit.mia.metrics import attack_metrics, roc
 from dpbench.audit.mia.models import ModelOutputs
 from dpbench.audit.mia.settings import MIASettings
+from dpbench.audit.mia.users import user_labels, user_scores
 from dpbench.utils.seeding import stream_seed
 
 
@@ -53,22 +54,35 @@ def target_scores(out: ModelOutputs, target: int, attack: str, settings: MIASett
     raise ValueError(f"unknown attack {attack!r}")
 
 
-def score_attacks(out: ModelOutputs, settings: MIASettings, delta: float
+def target_members(out: ModelOutputs, targets: int, users: np.ndarray | None = None
+                   ) -> np.ndarray:
+    """Return the targets' membership labels, target 0 first: per pool example, or with
+    ``users`` per user (every record of a user shares its label: ``users.user_labels``)."""
+    return np.concatenate([out.members[t] if users is None else user_labels(out.members[t], users)
+                           for t in range(targets)])
+
+
+def score_attacks(out: ModelOutputs, settings: MIASettings, delta: float,
+                  users: np.ndarray | None = None
                   ) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[np.ndarray, np.ndarray]],
                              dict[str, np.ndarray]]:
     """Return ({attack: metrics}, {attack: (fpr, tpr)}, {attack: scores}) over the targets'
-    pooled examples (scores: target 0's pool, then target 1's, ...).
+    pooled examples (scores: target 0's pool, then target 1's, ...); with ``users`` (each
+    pool record's user, ``privacy.unit=user``) over the targets' users instead, each user
+    scored from its records (``users.user_scores``).
 
     The targets' (score, member) pairs are pooled (Carlini et al. 2022 pool over targets);
     the bootstrap and the threshold halves draw from stream ``mia_metrics``.
     """
-    members = np.concatenate([out.members[t] for t in range(settings.targets)])
+    members = target_members(out, settings.targets, users)
     results, curves, all_scores = {}, {}, {}
     for i, attack in enumerate(settings.attacks):
         chosen = ([rmia_a(out, t, settings) for t in range(settings.targets)]
                   if attack == "rmia" else [None] * settings.targets)
-        scores = np.concatenate([target_scores(out, t, attack, settings, chosen[t])
-                                 for t in range(settings.targets)])
+        per_target = [target_scores(out, t, attack, settings, chosen[t])
+                      for t in range(settings.targets)]
+        scores = np.concatenate(per_target if users is None else
+                                [user_scores(attack, s, users) for s in per_target])
         rng = np.random.default_rng(stream_seed(settings.seed, "mia_metrics", i))
         results[attack] = attack_metrics(scores, members, delta=delta,
                                          confidence=settings.confidence,
