@@ -99,3 +99,38 @@ def test_a_sweep_of_k_seeds_composes_each_job_once(tmp_path):
     assert [json.loads(r.read_text())["status"] for r in records] == ["completed"] * 3
     seeds = [json.loads(r.read_text())["config"]["seed"] for r in records]
     assert seeds == [0, 1, 2]  # each job ran its own composition
+
+
+def test_the_settings_schemas_import_no_torch(tmp_path):
+    """Composing registers every method's settings dataclass: ``dpbench.method_settings``
+    holds them apart from the methods' training code."""
+    probe = ("import sys; from dpbench.method_settings import SETTINGS; "
+             "assert len(SETTINGS.builtin_names()) > 10; print('TORCH=' + str('torch' in "
+             "sys.modules))")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert "TORCH=False" in out.stdout, out.stderr[-2000:]
+
+
+def _printed(command: list[str], cwd: Path) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env.pop("DPBENCH_DATA_ROOT", None)
+    out = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+@pytest.mark.parametrize("module,args", [
+    ("dpbench", ["--help"]), ("dpbench", ["method=fiber", "-h", "--resolve"]),
+    ("dpbench.audit", ["--help"]), ("dpbench.audit.mia", ["--help"])])
+def test_help_prints_hydras_page(module, args, tmp_path):
+    """``--help`` lists the config groups from one repository (``config.help``); with any
+    other flag beside it (``--config-name``) Hydra prints its own page: the two are equal."""
+    config = {"dpbench": "config", "dpbench.audit": "audit", "dpbench.audit.mia": "mia"}[module]
+    ours = _printed([sys.executable, "-m", module, *args], tmp_path)
+    hydras = _printed([sys.executable, "-m", module, *args, f"--config-name={config}"],
+                      tmp_path)
+    assert "Config groups" in ours and "method: " in ours
+    assert ours == hydras
