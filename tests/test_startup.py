@@ -19,22 +19,25 @@ pytestmark = [pytest.mark.integration, pytest.mark.processes]
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("wandb", "matplotlib", "transformers", "peft", "torchvision", "scipy", "pandas",
          "sklearn")
-#: composing a config needs the method classes (their settings schemas), not the training loop
-LOOP = ("opacus", "dpbench.training.loop")
+#: composing a config needs the methods' settings dataclasses (dpbench.method_settings), not
+#: the methods, torch or the training loop
+LOOP = ("torch", "opacus", "dpbench.training.loop", "dpbench.methods")
 PROBE = """
 import json, runpy, sys
 sys.argv = ["dpbench", *{args!r}]
 try:
-    runpy.run_module("dpbench", run_name="__main__")
+    runpy.run_module({module!r}, run_name="__main__")
 except SystemExit:
     pass
 print("MODULES=" + json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))
 """
 
 
-def _imported(args: list[str], cwd: Path, modules: tuple[str, ...] = HEAVY + LOOP) -> list[str]:
+def _imported(args: list[str], cwd: Path, modules: tuple[str, ...] = HEAVY + LOOP,
+              module: str = "dpbench") -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", PROBE.format(args=args, heavy=modules)],
+    out = subprocess.run([sys.executable, "-c", PROBE.format(args=args, heavy=modules,
+                                                             module=module)],
                          cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     line = [x for x in out.stdout.splitlines() if x.startswith("MODULES=")]
     assert line, out.stderr[-2000:]
@@ -44,6 +47,13 @@ def _imported(args: list[str], cwd: Path, modules: tuple[str, ...] = HEAVY + LOO
 @pytest.mark.parametrize("args", [["--help"], ["--cfg", "job"]])
 def test_help_and_composed_config_import_no_heavy_library(args, tmp_path):
     assert _imported(args, tmp_path) == []
+
+
+@pytest.mark.parametrize("module", ["dpbench.audit", "dpbench.audit.mia"])
+def test_the_audits_help_imports_no_heavy_library(module, tmp_path):
+    """``dpbench-audit --help`` and ``dpbench-mia --help`` compose their config and print:
+    no training loop, torch, Opacus or scipy."""
+    assert _imported(["--help"], tmp_path, module=module) == []
 
 
 @pytest.mark.slow
