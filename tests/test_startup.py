@@ -56,6 +56,14 @@ def test_the_audits_help_imports_no_heavy_library(module, tmp_path):
     assert _imported(["--help"], tmp_path, module=module) == []
 
 
+@pytest.mark.parametrize("module", ["dpbench.analysis.report", "dpbench.tune.cli"])
+def test_the_readers_and_tunings_help_import_no_heavy_library(module, tmp_path):
+    """``dpbench-report --help`` and ``dpbench-tune --help`` parse their arguments before
+    importing pandas, scipy or torch."""
+    assert _imported(["--help"], tmp_path, modules=HEAVY + ("torch", "opacus"),
+                     module=module) == []
+
+
 @pytest.mark.slow
 def test_a_digits_run_imports_only_what_it_needs(tmp_path):
     imported = _imported(["logger=none", "trainer.epochs=1", "trainer.progress=false",
