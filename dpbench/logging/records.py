@@ -183,8 +183,9 @@ def failed_record(cfg: DictConfig, error: BaseException, stage: str) -> dict[str
             "failed_stage": stage}
 
 
-def write_record(run_dir: Path, record: dict[str, Any]) -> Path:
-    """Write ``results.json`` atomically with its MAC (``results.json.mac``, utils/mac.py)."""
+def write_record(run_dir: Path, record: dict[str, Any], durable: bool = True) -> Path:
+    """Write ``results.json`` atomically with its MAC (``results.json.mac``, utils/mac.py);
+    ``durable=False`` for a record the run replaces later (``utils.io.atomic_write_bytes``)."""
     path = Path(run_dir) / RESULTS_NAME
-    write_authenticated(path, json_bytes(record))
+    write_authenticated(path, json_bytes(record), durable=durable)
     return path

@@ -27,7 +27,9 @@ class ResultsStore(Callback):
 
     def on_epoch_end(self, view: LoopView, metrics: dict[str, Any]) -> None:
         if view.epoch < view.settings.epochs:
-            write_record(self.run_dir, self._record(dict(view.record), RUNNING))
+            # superseded at the next epoch's end: atomic and signed, not forced to disk
+            write_record(self.run_dir, self._record(dict(view.record), RUNNING),
+                         durable=False)
 
     def on_run_end(self, view: LoopView, result: dict[str, Any]) -> None:
         write_record(self.run_dir, self._record(result, COMPLETED))
