@@ -17,6 +17,7 @@ shares of training, imports and Hydra's compositions.
 
     python -m dpbench.bench_startup --seeds 16
     python -m dpbench.bench_startup --seeds 4 --profile
+    python -m dpbench.bench_startup --scripts      # the other console scripts' --help
 """
 
 from __future__ import annotations
@@ -87,12 +88,18 @@ def _run(args: list[str], cwd: Path, command: list[str] | None = None) -> float:
     return began
 
 
-def help_seconds(cwd: Path, repeats: int) -> tuple[float, float]:
-    """Return the median wall and CPU seconds of ``dpbench --help``."""
+#: the console scripts besides ``dpbench`` whose ``--help`` is measured (``--scripts``)
+SCRIPTS = ("dpbench-audit", "dpbench-mia", "dpbench-report", "dpbench-tune", "dpbench-bench",
+           "dpbench-reproduce")
+
+
+def help_seconds(cwd: Path, repeats: int, script: str = "dpbench") -> tuple[float, float]:
+    """Return the median wall and CPU seconds of ``<script> --help``."""
+    command = [str(Path(_command()[0]).with_name(script))]
     walls, cpus = [], []
     for _ in range(repeats):
         began, cpu = time.perf_counter(), _cpu()
-        _run(["--help"], cwd)
+        _run(["--help"], cwd, command)
         walls.append(time.perf_counter() - began)
         cpus.append(_cpu() - cpu)
     return statistics.median(walls), statistics.median(cpus)
@@ -169,11 +176,15 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=16, help="seeds in the sweep (K)")
     p.add_argument("--repeats", type=int, default=3, help="runs of dpbench --help")
     p.add_argument("--profile", action="store_true", help="profile the sweep in CPU time")
+    p.add_argument("--scripts", action="store_true",
+                   help="only the other console scripts' --help, wall and CPU")
     args = p.parse_args()
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         cwd = Path(tmp)
-        if args.profile:
+        if args.scripts:
+            scripts = {name: help_seconds(cwd, args.repeats, name) for name in SCRIPTS}
+        elif args.profile:
             shares = profile_shares(cwd, args.seeds)
         else:
             help_s, help_cpu = help_seconds(cwd, args.repeats)
@@ -183,6 +194,11 @@ def main() -> None:
     print(f"measured {datetime.now():%Y-%m-%d %H:%M}, {os.cpu_count()} CPUs, load average "
           f"(1 min) {load_before:.2f} before, {load_after:.2f} after")
     print("| figure | value |\n|---|---|")
+    if args.scripts:
+        for name, (wall, cpu) in scripts.items():
+            print(f"| `{name} --help`, wall / CPU (median of {args.repeats}) | {wall:.2f} s / "
+                  f"{cpu:.2f} s |")
+        return
     if args.profile:
         total = shares["total"]
         print(f"| {args.seeds}-seed sweep, seconds under cProfile | {total:.1f} s |")

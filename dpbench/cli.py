@@ -26,11 +26,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.errors import ConfigError
-from dpbench.runners.job import run_job
 from dpbench.runners.job_errors import fail
-from dpbench.runners.seed_groups import grouped_job
-from dpbench.training.distributed import launched_world_size
 from dpbench.utils.io import make_dirs, record_created, remove_created
+from dpbench.utils.launch import launched_world_size
 
 
 def _make_dirs(path: Path, key: str) -> list[Path]:
@@ -75,6 +73,10 @@ class RunDirGuard(HydraCallback):
 
 @hydra_entry("config")
 def hydra_main(cfg: DictConfig) -> None:
+    # imported when a job runs: --help and --cfg print without importing torch
+    from dpbench.runners.job import run_job
+    from dpbench.runners.seed_groups import grouped_job
+
     if grouped_job(cfg):  # trainer.seeds_at_once in a sweep: the seeds train in groups
         return
     run_job(cfg)

@@ -5,7 +5,8 @@ The tiers, bottom to top (docs/architecture.md lists the same):
 0. foundations: ``errors``, ``utils``, ``privacy``, ``registry``. Exceptions, small helpers,
    the accountant and the ledger, name registries; they import nothing of dpbench but each
    other.
-1. components: ``methods``, ``models``, ``data``, ``tasks``. What a run is made of.
+1. components: ``methods`` (and ``method_settings``, their settings dataclasses without torch),
+   ``models``, ``data``, ``tasks``. What a run is made of.
 2. training: ``training`` and ``config``. The loop (the release, the engines, checkpoints)
    and the typed settings it runs under (``config`` registers every method's settings
    schema, so it sits above the methods, and the loop reads it).
@@ -44,7 +45,8 @@ FOUNDATIONS, COMPONENTS, TRAINING, ONE_RUN, READERS, RUNNERS = range(6)
 TIERS: dict[str, int] = {
     "errors": FOUNDATIONS, "utils": FOUNDATIONS, "privacy": FOUNDATIONS,
     "registry": FOUNDATIONS,
-    "methods": COMPONENTS, "models": COMPONENTS, "data": COMPONENTS, "tasks": COMPONENTS,
+    "methods": COMPONENTS, "method_settings": COMPONENTS, "models": COMPONENTS,
+    "data": COMPONENTS, "tasks": COMPONENTS,
     "training": TRAINING, "config": TRAINING,
     "spec": ONE_RUN, "experiment": ONE_RUN, "logging": ONE_RUN, "tune.choices": ONE_RUN,
     "analysis": READERS,

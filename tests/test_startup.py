@@ -19,22 +19,25 @@ pytestmark = [pytest.mark.integration, pytest.mark.processes]
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("wandb", "matplotlib", "transformers", "peft", "torchvision", "scipy", "pandas",
          "sklearn")
-#: composing a config needs the method classes (their settings schemas), not the training loop
-LOOP = ("opacus", "dpbench.training.loop")
+#: composing a config needs the methods' settings dataclasses (dpbench.method_settings), not
+#: the methods, torch or the training loop
+LOOP = ("torch", "opacus", "dpbench.training.loop", "dpbench.methods")
 PROBE = """
 import json, runpy, sys
 sys.argv = ["dpbench", *{args!r}]
 try:
-    runpy.run_module("dpbench", run_name="__main__")
+    runpy.run_module({module!r}, run_name="__main__")
 except SystemExit:
     pass
 print("MODULES=" + json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))
 """
 
 
-def _imported(args: list[str], cwd: Path, modules: tuple[str, ...] = HEAVY + LOOP) -> list[str]:
+def _imported(args: list[str], cwd: Path, modules: tuple[str, ...] = HEAVY + LOOP,
+              module: str = "dpbench") -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", PROBE.format(args=args, heavy=modules)],
+    out = subprocess.run([sys.executable, "-c", PROBE.format(args=args, heavy=modules,
+                                                             module=module)],
                          cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     line = [x for x in out.stdout.splitlines() if x.startswith("MODULES=")]
     assert line, out.stderr[-2000:]
@@ -44,6 +47,21 @@ def _imported(args: list[str], cwd: Path, modules: tuple[str, ...] = HEAVY + LOO
 @pytest.mark.parametrize("args", [["--help"], ["--cfg", "job"]])
 def test_help_and_composed_config_import_no_heavy_library(args, tmp_path):
     assert _imported(args, tmp_path) == []
+
+
+@pytest.mark.parametrize("module", ["dpbench.audit", "dpbench.audit.mia"])
+def test_the_audits_help_imports_no_heavy_library(module, tmp_path):
+    """``dpbench-audit --help`` and ``dpbench-mia --help`` compose their config and print:
+    no training loop, torch, Opacus or scipy."""
+    assert _imported(["--help"], tmp_path, module=module) == []
+
+
+@pytest.mark.parametrize("module", ["dpbench.analysis.report", "dpbench.tune.cli"])
+def test_the_readers_and_tunings_help_import_no_heavy_library(module, tmp_path):
+    """``dpbench-report --help`` and ``dpbench-tune --help`` parse their arguments before
+    importing pandas, scipy or torch."""
+    assert _imported(["--help"], tmp_path, modules=HEAVY + ("torch", "opacus"),
+                     module=module) == []
 
 
 @pytest.mark.slow
@@ -99,3 +117,38 @@ def test_a_sweep_of_k_seeds_composes_each_job_once(tmp_path):
     assert [json.loads(r.read_text())["status"] for r in records] == ["completed"] * 3
     seeds = [json.loads(r.read_text())["config"]["seed"] for r in records]
     assert seeds == [0, 1, 2]  # each job ran its own composition
+
+
+def test_the_settings_schemas_import_no_torch(tmp_path):
+    """Composing registers every method's settings dataclass: ``dpbench.method_settings``
+    holds them apart from the methods' training code."""
+    probe = ("import sys; from dpbench.method_settings import SETTINGS; "
+             "assert len(SETTINGS.builtin_names()) > 10; print('TORCH=' + str('torch' in "
+             "sys.modules))")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert "TORCH=False" in out.stdout, out.stderr[-2000:]
+
+
+def _printed(command: list[str], cwd: Path) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env.pop("DPBENCH_DATA_ROOT", None)
+    out = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+@pytest.mark.parametrize("module,args", [
+    ("dpbench", ["--help"]), ("dpbench", ["method=fiber", "-h", "--resolve"]),
+    ("dpbench.audit", ["--help"]), ("dpbench.audit.mia", ["--help"])])
+def test_help_prints_hydras_page(module, args, tmp_path):
+    """``--help`` lists the config groups from one repository (``config.help``); with any
+    other flag beside it (``--config-name``) Hydra prints its own page: the two are equal."""
+    config = {"dpbench": "config", "dpbench.audit": "audit", "dpbench.audit.mia": "mia"}[module]
+    ours = _printed([sys.executable, "-m", module, *args], tmp_path)
+    hydras = _printed([sys.executable, "-m", module, *args, f"--config-name={config}"],
+                      tmp_path)
+    assert "Config groups" in ours and "method: " in ours
+    assert ours == hydras

@@ -16,47 +16,39 @@ a results.json that cannot be read is listed with the reason (docs/tuning-and-cl
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from dpbench.analysis.empirical import (
-    differing_keys,
-    drop_copies,
-    empirical_plot,
-    empirical_table,
-    is_mia,
-    largest_bound,
-    violations,
-)
-from dpbench.analysis.plots import privacy_utility
-from dpbench.analysis.results import (
-    RESULTS_NAME,
-    UNDERIVED_LABEL,
-    UNREADABLE,
-    load_frame,
-    load_records,
-    row_eps_label,
-)
-from dpbench.analysis.stats import t_interval
-from dpbench.analysis.tables import (
-    baseline_table,
-    cell_table,
-    latex_table,
-    latex_text,
-    markdown_table,
-    markdown_text,
-)
 from dpbench.logging.records import COMPLETED, FAILED
 from dpbench.utils.io import atomic_write_bytes
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from dpbench.analysis.results import load_frame as load_runs
+    from dpbench.analysis.tables import latex_text, markdown_text
+
 __all__ = ["build_report", "latex_text", "load_runs", "markdown_text", "main"]
 
-load_runs = load_frame
+#: names this module hands on from the readers it uses (imported on first use: ``--help``
+#: imports neither pandas nor scipy)
+_LAZY = {"load_runs": ("dpbench.analysis.results", "load_frame"),
+         "latex_text": ("dpbench.analysis.tables", "latex_text"),
+         "markdown_text": ("dpbench.analysis.tables", "markdown_text")}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _fmt(values: pd.Series) -> str:
+    from dpbench.analysis.stats import t_interval
+
     return t_interval(values.dropna().tolist()).format()
 
 
@@ -66,6 +58,8 @@ _RUN_KEYS = ("label", "dataset", "model", "tuning", "unit", "eps", "seed")
 
 def is_audit(frame: pd.DataFrame) -> pd.Series:
     """Return which rows are ``dpbench-audit`` runs (their own table, never the utility one)."""
+    import pandas as pd
+
     kind = frame["kind"] if "kind" in frame else pd.Series(None, index=frame.index)
     lower = (frame["epsilon_lower"] if "epsilon_lower" in frame
              else pd.Series(None, index=frame.index))
@@ -78,6 +72,8 @@ def split_duplicates(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     Copies of one run (the same cell and seed in two folders) are not independent seeds: the
     first by folder name is kept, the others are listed, so n counts distinct seeds.
     """
+    from dpbench.analysis.results import row_eps_label
+
     done = frame[frame["status"] == COMPLETED]
     if done.empty:
         return frame, frame.iloc[0:0]
@@ -93,6 +89,11 @@ def audit_summary(frame: pd.DataFrame) -> pd.DataFrame | None:
     """Return epsilon_claimed vs epsilon_lower per method and audit setting (``dpbench-audit``
     runs; copies of one run once), or None. A lower bound is shown as its largest value over
     seeds with the seed and the ceiling (``empirical.largest_bound``), never averaged."""
+    import pandas as pd
+
+    from dpbench.analysis.empirical import differing_keys, drop_copies, largest_bound, violations
+    from dpbench.analysis.results import row_eps_label
+
     if "epsilon_lower" not in frame or not frame["epsilon_lower"].notna().any():
         return None
     audited = frame[frame["epsilon_lower"].notna()]
@@ -119,6 +120,8 @@ def sampler_gap(frame: pd.DataFrame) -> pd.DataFrame | None:
     valid epsilon, the lower bound and the Poisson figure (NOT valid for those runs); and,
     in its own column, the Poisson figure under add/remove, the one such runs are often
     published with (docs/sampling.md). None if every run is Poisson."""
+    from dpbench.analysis.results import row_eps_label
+
     if "epsilon_if_poisson" not in frame or not frame["epsilon_if_poisson"].notna().any():
         return None
     runs = frame[frame["epsilon_if_poisson"].notna()]
@@ -135,6 +138,19 @@ def sampler_gap(frame: pd.DataFrame) -> pd.DataFrame | None:
 def build_report(root: str | Path, metric: str = "accuracy",
                  baseline: str | None = None) -> tuple[pd.DataFrame, str]:
     """Write the report files into ``root``; return (runs frame, markdown text)."""
+    import pandas as pd
+
+    from dpbench.analysis.empirical import empirical_plot, empirical_table, is_mia
+    from dpbench.analysis.plots import privacy_utility
+    from dpbench.analysis.results import RESULTS_NAME, UNDERIVED_LABEL, UNREADABLE, load_frame
+    from dpbench.analysis.tables import (
+        baseline_table,
+        cell_table,
+        latex_table,
+        markdown_table,
+        markdown_text,
+    )
+
     root = Path(root)
     frame = load_frame(root)
     if frame.empty:
@@ -217,6 +233,10 @@ def environment_table(root: str | Path) -> pd.DataFrame:
     Runs whose numbers differ only by library versions, device, threads or CPU kernels can be
     told apart here; records written before the block existed show as unknown.
     """
+    import pandas as pd
+
+    from dpbench.analysis.results import load_records
+
     rows = [{key: (record.get("environment") or {}).get(key, "unknown")
              for key in ENVIRONMENT_COLUMNS}
             for record in load_records(root, status=None)]
@@ -242,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also list the environments the runs ran in (versions, device, "
                              "threads, CPU kernels)")
     args = parser.parse_args(argv)
+    from dpbench.analysis.tables import markdown_table  # after --help: pandas
+
     if not Path(args.dir).is_dir():
         print(f"dpbench-report: error: {args.dir} is not a folder", file=sys.stderr)
         return 2

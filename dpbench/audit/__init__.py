@@ -1,5 +1,5 @@
-"""Empirical privacy audits: a lower bound on epsilon from canaries inserted into one run."""
+"""Empirical privacy audits: a lower bound on epsilon from canaries inserted into one run
+(``dpbench.audit.bounds``), and membership inference (``dpbench.audit.mia``).
 
-from dpbench.audit.bounds import epsilon_lower_bound, p_value_dp_audit
-
-__all__ = ["epsilon_lower_bound", "p_value_dp_audit"]
+The package imports nothing itself: ``dpbench-audit --help`` and ``dpbench-mia --help`` need
+neither scipy nor the training loop."""

@@ -12,18 +12,19 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.audit.canaries import AuditSettings, CanaryRun
 from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.errors import ConfigError
-from dpbench.logging.records import COMPLETED, write_record
-from dpbench.logging.results import run_record
+from dpbench.logging.records import COMPLETED, run_record, write_record
 from dpbench.privacy.samplers import RELATION_LABEL
 from dpbench.runners.locked import run_locked
-from dpbench.spec import RunSpec, build_spec
+
+if TYPE_CHECKING:  # the run's modules (torch, Opacus) are imported when an audit runs
+    from dpbench.audit.canaries import AuditSettings
+    from dpbench.spec import RunSpec
 
 HEADER = ("| method | dataset | epsilon_claimed | epsilon_lower | power | ceiling "
           "| epsilon_lower (f-DP) | ceiling (f-DP) | correct / guesses | canaries "
@@ -31,6 +32,8 @@ HEADER = ("| method | dataset | epsilon_claimed | epsilon_lower | power | ceilin
 
 
 def audit_settings(cfg: DictConfig) -> AuditSettings:
+    from dpbench.audit.canaries import AuditSettings
+
     node = OmegaConf.to_container(cfg.get("audit") or {}, resolve=True)
     try:
         return AuditSettings(**node)
@@ -41,6 +44,7 @@ def audit_settings(cfg: DictConfig) -> AuditSettings:
 def audit_run(spec: RunSpec, run_dir: Path | None = None) -> dict[str, Any]:
     """Train the run of ``spec`` with canaries (``experiment.run`` with the audit's
     ``CanaryRun``) and (if ``run_dir``) write results.json; return it."""
+    from dpbench.audit.canaries import CanaryRun
     from dpbench.experiment import run
 
     canary_run = CanaryRun(audit_settings(spec.cfg))
@@ -53,6 +57,8 @@ def audit_run(spec: RunSpec, run_dir: Path | None = None) -> dict[str, Any]:
 
 def run_audit(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     """Validate a composed config (``build_spec``), then ``audit_run``; return the record."""
+    from dpbench.spec import build_spec
+
     return audit_run(build_spec(cfg), run_dir)
 
 

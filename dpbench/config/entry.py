@@ -18,6 +18,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from dpbench.config.help import help_request, print_help
 from dpbench.config.hydra_guard import check_hydra_command
 from dpbench.config.schema import register_schemas
 from dpbench.errors import ConfigError
@@ -69,6 +70,10 @@ def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], None]], Ca
 
         def entry(*args: Any, **kwargs: Any) -> Any:
             prepare_hydra()
+            asked = help_request(sys.argv[1:]) if not args and not kwargs else None
+            if asked is not None:  # Hydra's page, its groups listed without ~100 copies
+                print_help(task, CONF_DIR, config_name, *asked)
+                sys.exit(0)
             return hydra_task(*args, **kwargs)
 
         entry.__doc__ = task.__doc__

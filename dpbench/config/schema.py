@@ -255,14 +255,15 @@ def check_privacy_matches_method(method_name: str, method_private: bool,
 def register_schemas() -> None:
     """Register the schemas so ``conf/privacy``, ``conf/trainer`` and ``conf/method`` files
     are type-checked; each method's settings dataclass is ``method/settings/<name>``."""
-    from dpbench.methods import METHODS
+    # the settings dataclasses without the methods' training code: composing imports no torch
+    from dpbench.method_settings import SETTINGS, settings_class
 
     cs = ConfigStore.instance()
     cs.store(group="privacy", name="privacy_schema", node=PrivacyConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
-    for name in METHODS.builtin_names():  # no entry point imported (plugins: method=plugin)
+    for name in SETTINGS.builtin_names():  # no entry point imported (plugins: method=plugin)
         # typed by the method's frozen dataclass, but open to overrides while composing (a
         # frozen dataclass's node is read-only); the run's settings are the frozen instance
-        node = OmegaConf.structured(METHODS.get(name).settings_cls)
+        node = OmegaConf.structured(settings_class(name))
         OmegaConf.set_readonly(node, False)
         cs.store(group="method/settings", name=name, node=node)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import math
 import os
 import platform
 import subprocess
@@ -17,6 +18,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from dpbench.privacy.composition import composed_relation
+from dpbench.privacy.selection import search_and_run_epsilon
 from dpbench.utils.io import json_bytes
 from dpbench.utils.mac import write_authenticated
 
@@ -150,6 +153,28 @@ def base_record(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
+def run_record(cfg: DictConfig, summary: dict[str, Any], status: str,
+               base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return the record of a run: ``base`` (``base_record(cfg)``, computed if not given),
+    the trainer's summary and the status. (Here rather than beside ``ResultsStore``, so the
+    commands that write a record import no training loop to start.)"""
+    record = {**(base_record(cfg) if base is None else base), **summary, "status": status}
+    record["tuning"] = dict(record["tuning"])  # a shared ``base`` is never modified
+    tuning = cfg.get("tuning")
+    if tuning is not None and tuning.get("mode") == "accounted" and summary.get("private"):
+        record["tuning"]["total_epsilon"] = search_and_run_epsilon(
+            list(tuning.get("search_ledger") or []),
+            float(tuning.get("selection_epsilon") or 0.0), summary["privacy_ledger"],
+            summary["epsilon"], summary["delta"], summary["accountant"])
+        # the relation the total holds under (the search's and the run's, composed)
+        record["tuning"]["total_epsilon_neighbouring"] = composed_relation(
+            [list(tuning.get("search_ledger") or []), summary["privacy_ledger"]])
+    if not summary.get("private", True):
+        record["method"] = "nonprivate"
+        record["epsilon"] = math.inf
+    return record
+
+
 def failed_record(cfg: DictConfig, error: BaseException, stage: str) -> dict[str, Any]:
     """Return a record for a run that failed (the report lists it as failed, not missing)."""
     return {**base_record(cfg), "epsilon": None, "delta": None, "noise_multiplier": None,
@@ -158,8 +183,9 @@ def failed_record(cfg: DictConfig, error: BaseException, stage: str) -> dict[str
             "failed_stage": stage}
 
 
-def write_record(run_dir: Path, record: dict[str, Any]) -> Path:
-    """Write ``results.json`` atomically with its MAC (``results.json.mac``, utils/mac.py)."""
+def write_record(run_dir: Path, record: dict[str, Any], durable: bool = True) -> Path:
+    """Write ``results.json`` atomically with its MAC (``results.json.mac``, utils/mac.py);
+    ``durable=False`` for a record the run replaces later (``utils.io.atomic_write_bytes``)."""
     path = Path(run_dir) / RESULTS_NAME
-    write_authenticated(path, json_bytes(record))
+    write_authenticated(path, json_bytes(record), durable=durable)
     return path

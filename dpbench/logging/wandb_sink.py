@@ -39,6 +39,11 @@ class WandbSink(Callback):
         self.cfg, self.name = cfg, name
         self.run = None
 
+    @property
+    def needs_step_quantiles(self) -> bool:  # type: ignore[override]
+        """The loop computes the gradient-norm quantiles only for a sink that logs them."""
+        return self.unprivatised_diagnostics
+
     def on_run_start(self, view: LoopView) -> None:
         os.environ.setdefault("WANDB_SILENT", "true")
         import wandb

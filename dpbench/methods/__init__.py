@@ -2,8 +2,9 @@
 ``dpbench.methods``.
 
 Every module in this package is imported on first lookup, so a built-in method is one module
-here (its settings dataclass, its mechanism, its update and the ``DPMethod`` record that names
-them) plus ``conf/method/<name>.yaml``. Outside packages register a ``DPMethod`` record through
+here (its mechanism, its update and the ``DPMethod`` record that names them), its settings
+dataclass in ``dpbench/method_settings/<name>.py`` (torch-free: composing a config reads it)
+and ``conf/method/<name>.yaml``. Outside packages register a ``DPMethod`` record through
 the entry-point group (see docs/adding-a-method.md).
 """
 

@@ -22,16 +22,15 @@ accounts with the combined multiplier the ledger computes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from dpbench.errors import ConfigError
+from dpbench.method_settings.adaclip import AdaClipSettings
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod, ExtraQuery, Released, RunInfo, StepContext
 from dpbench.methods.dpsgd import FlatClipping
-from dpbench.methods.settings import require
 
 COUNT_QUERY = "unclipped_count"
 
@@ -48,27 +47,6 @@ def geometric_update(threshold: float, unclipped_fraction: float, target_quantil
                      clip_lr: float, floor: float) -> float:
     """Return C_{t+1} = max(C_LB, C_t exp(-eta_C (b_t - gamma))) (Zhao et al. 2025, Eq. 3)."""
     return max(floor, threshold * math.exp(-clip_lr * (unclipped_fraction - target_quantile)))
-
-
-@dataclass(frozen=True)
-class AdaClipSettings:
-    """``method.settings`` of adaptive clipping."""
-
-    target_quantile: float = 0.5  # gamma: target unclipped fraction
-    clip_lr: float = 0.2  # eta_C: geometric step size
-    sigma_b: float | None = None  # count noise std (in examples); None: B / 10 (paper's scripts)
-    count_threshold: float = 1.0  # theta: count 1[||u_i|| <= theta C_t]
-    initial_clip: float | None = None  # C_0; None: privacy.clip_norm
-    normalize: bool = True  # clip_{C_t}(u) / C_t (sensitivity 1)
-
-    def __post_init__(self) -> None:
-        require(0.0 < self.target_quantile < 1.0, "target_quantile", "in (0, 1)",
-                self.target_quantile)
-        for key in ("clip_lr", "count_threshold"):
-            require(getattr(self, key) > 0, key, "> 0", getattr(self, key))
-        for key in ("initial_clip", "sigma_b"):
-            value = getattr(self, key)
-            require(value is None or value > 0, key, "> 0 or null", value)
 
 
 class AdaptiveClipping(FlatClipping):

@@ -6,23 +6,11 @@ r = 0.01, so ||u_i|| / (||u_i|| + r) < 1: sensitivity 1 and no clipping threshol
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from dpbench.method_settings.autoclip import AutoClipSettings
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod, Mechanism, StepContext
-from dpbench.methods.settings import require
-
-
-@dataclass(frozen=True)
-class AutoClipSettings:
-    """``method.settings`` of AUTO-S."""
-
-    stability: float = 0.01  # r in Bu et al. Eq. 4.1: factor 1 / (||u_i|| + r)
-
-    def __post_init__(self) -> None:
-        require(self.stability > 0, "stability", "> 0", self.stability)
 
 
 class AutomaticClipping(Mechanism):

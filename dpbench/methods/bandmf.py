@@ -20,7 +20,6 @@ the loop calibrates and accounts exactly that. b = 1 is DP-SGD, draw for draw.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,31 +27,16 @@ import torch
 from torch import nn
 
 from dpbench.errors import ConfigError
+from dpbench.method_settings.bandmf import BandMFSettings
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod, Mechanism, RunInfo
 from dpbench.privacy.banded_mf import (
-    STRATEGIES,
     BandedNoiseShaper,
     amplified_equivalent,
     noise_memory_bytes,
     prefix_sum_loss,
     strategy_coefficients,
 )
-from dpbench.utils.ranges import int_at_least
-
-
-@dataclass(frozen=True)
-class BandMFSettings:
-    """``conf/method/bandmf.yaml`` settings: b and the strategy (validated on construction)."""
-
-    bands: int = 4
-    strategy: str = "optimal"  # optimal: L-BFGS on ||A C^{-1}||_F^2 | sqrt: truncated A^{1/2}
-
-    def __post_init__(self) -> None:
-        int_at_least("method.settings.bands", self.bands, 1)
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"method.settings.strategy must be one of "
-                              f"{', '.join(STRATEGIES)} (got {self.strategy!r})")
 
 
 def available_memory_bytes(device: torch.device) -> int | None:

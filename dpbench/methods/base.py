@@ -48,9 +48,9 @@ from typing import Any
 
 from torch import nn
 
+from dpbench.method_settings.base import NoSettings, checked_settings
 from dpbench.methods.context import EvalPoint, HeldOut, Released, RunInfo, StepContext
 from dpbench.methods.mechanism import ExtraQuery, Mechanism, NoiseShaper, gradient_queries
-from dpbench.methods.settings import NoSettings, checked_settings
 from dpbench.methods.update import OptimizerFactory, Update
 
 __all__ = ["DPMethod", "EvalPoint", "ExtraQuery", "Halves", "HeldOut", "Mechanism",

@@ -9,22 +9,10 @@ post-processed threshold only: privacy is that of ``adaclip`` (account with sigm
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
+from dpbench.method_settings.bounded_adaclip import BoundedAdaClipSettings
 from dpbench.methods import register_method
-from dpbench.methods.adaclip import ADACLIP, AdaClipSettings, AdaptiveClipping
-from dpbench.methods.settings import require
-
-
-@dataclass(frozen=True)
-class BoundedAdaClipSettings(AdaClipSettings):
-    """``method.settings`` of bounded adaptive clipping: adaclip's plus the floor."""
-
-    clip_floor: float = 0.1  # C_LB (the paper's heuristic); 0 gives adaclip
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.clip_floor >= 0, "clip_floor", "a number >= 0", self.clip_floor)
+from dpbench.methods.adaclip import ADACLIP, AdaptiveClipping
 
 
 class BoundedAdaptiveClipping(AdaptiveClipping):

@@ -17,11 +17,11 @@ kappa = 1 gives a = 0 and g~ = g: the base optimiser on the DP gradient.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from dpbench.method_settings.disk import DiSKSettings
 from dpbench.methods import register_method
 from dpbench.methods.base import (
     DPMethod,
@@ -32,19 +32,6 @@ from dpbench.methods.base import (
     StepContext,
     Update,
 )
-from dpbench.methods.settings import require
-
-
-@dataclass(frozen=True)
-class DiSKSettings:
-    """``method.settings`` of DiSK: the observation (and filter) gain and the look-ahead."""
-
-    kappa: float = 0.7  # filter gain, g~ = (1-kappa) g~ + kappa g; 1 = the base optimiser
-    gamma: float = 0.5  # look-ahead of the observation: a = (1-kappa)/(kappa gamma)
-
-    def __post_init__(self) -> None:
-        require(0 < self.kappa <= 1, "kappa", "in (0, 1]", self.kappa)
-        require(self.gamma > 0, "gamma", "> 0", self.gamma)
 
 
 class TwoPointObservation(Mechanism):

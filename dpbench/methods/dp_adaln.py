@@ -9,16 +9,14 @@ the model option: ``model=dit model.dp_aware=true method=<any>``.
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from dpbench.errors import ConfigError
+from dpbench.method_settings.dp_adaln import DPAdaLNSettings
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod
-from dpbench.methods.settings import require
 
 
 def set_model_bounds(model: nn.Module, enabled: bool, **bounds: Any) -> nn.Module:
@@ -28,22 +26,6 @@ def set_model_bounds(model: nn.Module, enabled: bool, **bounds: Any) -> nn.Modul
                           f"got {type(model).__name__}")
     model.set_dp_aware(enabled, **bounds)
     return model
-
-
-@dataclass(frozen=True)
-class DPAdaLNSettings:
-    """``method.settings`` of DP-aware AdaLN-Zero: the bounds; null keeps the model's."""
-
-    c_max: float | None = None  # c~ = c min(1, c_max / ||c||)
-    m_gamma: float | None = None  # gamma = M_gamma tanh(. / M_gamma)
-    m_beta: float | None = None
-    m_alpha: float | None = None
-
-    def __post_init__(self) -> None:
-        for key in ("c_max", "m_gamma", "m_beta", "m_alpha"):
-            value = getattr(self, key)
-            require(value is None or 0 < value < math.inf, key, "a finite number > 0 or null",
-                    value)
 
 
 def bounded(model: nn.Module, settings: DPAdaLNSettings) -> nn.Module:

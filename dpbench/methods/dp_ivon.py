@@ -19,18 +19,10 @@ so the privacy cost is unchanged.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
+from dpbench.method_settings.dp_ivon import DPIVONSettings
 from dpbench.methods import register_method
-from dpbench.methods.ivon import IVON, IVONSettings
-
-
-@dataclass(frozen=True)
-class DPIVONSettings(IVONSettings):
-    """``method.settings`` of DP-IVON: IVON's, with the noise-corrected gradsq curvature."""
-
-    hess: str = "gradsq"  # gradsq (noise-corrected squared gradient) | reparam (naive ablation)
-
+from dpbench.methods.ivon import IVON
 
 #: IVON's posterior sampling (stage 2) and update (stage 8, evaluation) on the DP release
 DP_IVON = register_method(dataclasses.replace(IVON, name="dp_ivon", settings=DPIVONSettings(),

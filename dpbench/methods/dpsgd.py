@@ -6,20 +6,12 @@ the constant-clipping baseline of Zhao et al. 2025 (bounded adaptive clipping).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from dpbench.method_settings.dpsgd import DPSGDSettings
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod, Mechanism, StepContext
 from dpbench.methods.mechanism import flat_clip_factors
-
-
-@dataclass(frozen=True)
-class DPSGDSettings:
-    """``method.settings`` of DP-SGD."""
-
-    normalize: bool = False  # true: clip_C(g) / C (sensitivity 1, lr decoupled from C)
 
 
 class FlatClipping(Mechanism):

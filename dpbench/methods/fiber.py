@@ -21,19 +21,15 @@ The method is a pair of reused halves: DiSK's mechanism (``TwoPointObservation``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from dpbench.method_settings.fiber import FiberSettings
 from dpbench.methods import register_method
 from dpbench.methods.base import DPMethod, OptimizerFactory, StepContext
-from dpbench.methods.disk import DiSKSettings, TwoPointObservation
+from dpbench.methods.disk import TwoPointObservation
 from dpbench.methods.dpadam_bc import NoiseCorrectedAdam
-from dpbench.methods.settings import require
-
-FILTERS = ("innovation", "ema")
-CORRECTIONS = ("filter_aware", "standard", "none")
 
 
 def innovation_noise_gain(omega: float) -> float:
@@ -49,22 +45,6 @@ def innovation_noise_gain(omega: float) -> float:
 def ema_noise_gain(omega: float) -> float:
     """Return omega / (2 - omega): the white-noise power gain of g~ = (1-omega) g~ + omega g."""
     return omega / (2.0 - omega)
-
-
-@dataclass(frozen=True)
-class FiberSettings(DiSKSettings):
-    """``method.settings`` of FIBER: DiSK's observation (kappa, gamma) plus the filter."""
-
-    omega: float = 0.5  # innovation gain; A(omega) = (2-omega)/(4-3omega)
-    filter: str = "innovation"  # innovation | ema (ablation)
-    correction: str = "filter_aware"  # filter_aware | standard | none (ablation)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(0 < self.omega <= 1, "omega", "in (0, 1]", self.omega)
-        require(self.filter in FILTERS, "filter", f"one of {FILTERS}", self.filter)
-        require(self.correction in CORRECTIONS, "correction", f"one of {CORRECTIONS}",
-                self.correction)
 
 
 class FilterAwareAdam(NoiseCorrectedAdam):

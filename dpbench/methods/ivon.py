@@ -21,13 +21,13 @@ Prediction is Bayesian model averaging over posterior samples (the update's ``ev
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from dpbench.errors import ConfigError
+from dpbench.method_settings.ivon import IVONSettings
 from dpbench.methods import register_method
 from dpbench.methods.base import (
     DPMethod,
@@ -40,10 +40,7 @@ from dpbench.methods.base import (
     StepContext,
     Update,
 )
-from dpbench.methods.settings import require
 from dpbench.utils.seeding import stream_generator
-
-HESS_ESTIMATES = ("reparam", "gradsq")
 
 
 def noise_corrected_square(g: torch.Tensor, noise_var: float) -> torch.Tensor:
@@ -149,26 +146,6 @@ class IVONOptimizer(torch.optim.Optimizer):
     def step(self, closure: Callable[[], float] | None = None):  # pragma: no cover - guard
         raise RuntimeError("IVONOptimizer is driven by the ivon/dp_ivon method: "
                            "call ivon_step(grads, curvature)")
-
-
-@dataclass(frozen=True)
-class IVONSettings:
-    """``method.settings`` of IVON (and, with ``hess=gradsq``, of DP-IVON)."""
-
-    hess: str = "reparam"  # reparam | gradsq
-    mc_samples: int = 1  # posterior samples per step (gradients averaged; reparam needs 1)
-    correction: bool = True  # gradsq only: subtract the DP noise variance (0 when non-private)
-    eval_samples: int = 32  # S for Bayesian model averaging at evaluation (0: at the mean)
-    eval_seed: int = 0
-
-    def __post_init__(self) -> None:
-        require(self.hess in HESS_ESTIMATES, "hess", f"one of {HESS_ESTIMATES}", self.hess)
-        require(self.mc_samples >= 1, "mc_samples", "an integer >= 1", self.mc_samples)
-        if self.hess == "reparam" and self.mc_samples != 1:
-            raise ConfigError("method.settings.hess=reparam needs mc_samples=1: the loop "
-                              "averages the samples' gradients, so g * (theta - m) per sample "
-                              "is not available; use hess=gradsq for mc_samples > 1")
-        require(self.eval_samples >= 0, "eval_samples", "an integer >= 0", self.eval_samples)
 
 
 class PosteriorSampling(Mechanism):

@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from dpbench.errors import ConfigError
+from dpbench.method_settings.spectral_denoise import SpectralDenoiseSettings
 from dpbench.methods import register_method
 from dpbench.methods.base import (
     DPMethod,
@@ -27,9 +27,6 @@ from dpbench.methods.base import (
     StepContext,
     Update,
 )
-from dpbench.methods.settings import require
-
-TARGETS = ("lora", "all_2d")
 
 
 def optimal_shrinkage(singular_values: torch.Tensor, noise_std: float | torch.Tensor, n: int,
@@ -75,23 +72,6 @@ def denoise_matrices(noisy: torch.Tensor, noise_std: float, kappa: float = 1.0
         work.dtype).tiny), torch.ones_like(noisy_norm))
     out = torch.where(keep[:, None, None], rebuilt * scale[:, None, None], work)
     return out.to(noisy.dtype), keep
-
-
-@dataclass(frozen=True)
-class SpectralDenoiseSettings:
-    """``method.settings`` of spectral denoising."""
-
-    targets: Any = "lora"  # lora (the A and B factors) | all_2d | [name substrings]
-    kappa: float = 1.0  # gate: denoise if the top singular value > kappa s (sqrt n + sqrt m)
-
-    def __post_init__(self) -> None:
-        require(self.kappa > 0, "kappa", "a number > 0", self.kappa)
-        targets = self.targets
-        require(targets in TARGETS if isinstance(targets, str) else
-                isinstance(targets, (list, tuple)) and all(isinstance(t, str) for t in targets),
-                "targets", f"one of {TARGETS} or a list of parameter-name substrings", targets)
-        if isinstance(targets, list):  # frozen all the way down
-            object.__setattr__(self, "targets", tuple(targets))
 
 
 class SpectralShrinkage(Update):

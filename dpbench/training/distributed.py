@@ -32,6 +32,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from dpbench.errors import ConfigError, DPBenchError
+from dpbench.utils.launch import launched_world_size  # noqa: F401 (re-exported)
 
 
 class PeerLost(DPBenchError):
@@ -150,16 +151,6 @@ def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None
 
 #: the environment torchrun (and ``submitit.helpers.TorchDistributedEnvironment``) sets
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def launched_world_size() -> int:
-    """Return WORLD_SIZE of a torchrun-style launch (1 when not launched that way)."""
-    value = os.environ.get("WORLD_SIZE", "1")
-    try:
-        return max(int(value), 1)
-    except ValueError:
-        raise ConfigError(f"the environment variable WORLD_SIZE must be an integer "
-                          f"(got {value!r})") from None
 
 
 def device_name(device: torch.device) -> str:

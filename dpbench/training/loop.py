@@ -85,6 +85,9 @@ class Callback:
 
     #: the callback reads ``view.record`` at epoch ends (the loop builds it only then)
     needs_record: ClassVar[bool] = False
+    #: the callback reads a step's gradient-norm quantiles (``metrics["unprivatised"]``),
+    #: which the loop computes only then
+    needs_step_quantiles: ClassVar[bool] = False
 
     def on_run_start(self, view: LoopView) -> None: ...
     def on_step_start(self, view: LoopView) -> None: ...
@@ -269,7 +272,8 @@ class Trainer:
             self.skipped_steps += 1  # trainer.nonfinite=skip: restored, still accounted
         self.step += 1
         return {"step": self.step, **self.halves.step_metrics(),
-                "unprivatised": step_diagnostics(release, self.task)}
+                "unprivatised": step_diagnostics(release, self.task, quantiles=any(
+                    getattr(cb, "needs_step_quantiles", False) for cb in self.callbacks))}
 
     def _emit(self, event: str, *args: Any,
               epsilon: Callable[[], float] | None = None) -> None:

@@ -66,16 +66,18 @@ def _finite_loss(task: Task, model: torch.nn.Module, batch) -> torch.Tensor:
         batch = select_rows(batch, finite.nonzero().flatten())
 
 
-def step_diagnostics(release: Release, task: Task) -> dict[str, Any]:
+def step_diagnostics(release: Release, task: Task, quantiles: bool = True) -> dict[str, Any]:
     """Return a step's un-privatised diagnostics of the kept examples (non-finite ones are
-    dropped): the realised batch size, the mean loss, the clip fraction and norm quantiles,
-    and the task's own. Sinks leave them out unless asked (docs/privacy-unit-and-streams.md).
+    dropped): the realised batch size, the mean loss, the clip fraction and norm quantiles
+    (only with ``quantiles``: the loop asks for them when a sink logs them), and the task's
+    own. Sinks leave them out unless asked (docs/privacy-unit-and-streams.md).
     """
     out: dict[str, Any] = {
         "batch_size": release.realised_batch,
         "loss": float(release.losses.mean()) if release.losses.numel() else math.nan}
     if release.norms is not None and release.norms.numel():
         out["clip_fraction"] = release.clipped_fraction
-        out.update(quantile_summary("grad_norm", release.norms))
+        if quantiles:
+            out.update(quantile_summary("grad_norm", release.norms))
     out.update(task.step_metrics())
     return out

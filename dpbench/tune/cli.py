@@ -31,7 +31,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpbench.config.compose import compose_config
 from dpbench.errors import ConfigError, DPBenchError
-from dpbench.spec import build_spec
 from dpbench.tune.choices import (
     CHOICES_NAME,
     MAX_TRIALS,
@@ -245,6 +244,8 @@ def check_cells(job: TuneJob) -> list[list[str]]:
     keys: dict[str, list[str]] = {}
     for cell in cells:
         cfg = compose_config([*_QUIET, *cell])
+        from dpbench.spec import build_spec  # torch, Opacus: not for --help
+
         build_spec(cfg)  # every check a run makes before it reads data
         check_cell(cfg, job.settings)
         key = cfg_cell_key(cfg)

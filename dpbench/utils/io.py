@@ -22,8 +22,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old or the new file, never half."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` so that readers see the old or the new file, never half.
+
+    ``durable``: the data reach the disk (``fsync``, a few milliseconds) before the file
+    replaces the old one, so that an operating-system crash cannot leave it empty. Without it
+    the replacement is as atomic for every reader and for a killed process; leave it on for
+    anything a run resumes from or hands back."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -31,7 +36,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -173,30 +173,36 @@ def write_mac(path: str | os.PathLike, data: bytes) -> None:
         log.warning("%s is written without a MAC (%s): it cannot be resumed", path, err)
 
 
-def _write_sidecar(path: str | os.PathLike, macs: list[str]) -> None:
+def _write_sidecar(path: str | os.PathLike, macs: list[str], durable: bool = True) -> None:
     """Write ``macs`` (one a line) to the sidecar of ``path`` atomically (a failure logged)."""
     try:
-        atomic_write_bytes(mac_path(path), "".join(f"{m}\n" for m in macs).encode())
+        atomic_write_bytes(mac_path(path), "".join(f"{m}\n" for m in macs).encode(),
+                           durable=durable)
     except OSError as err:
         log.warning("%s is written without a MAC (%s): it cannot be resumed", path, err)
 
 
-def write_authenticated(path: str | os.PathLike, data: bytes) -> None:
+def write_authenticated(path: str | os.PathLike, data: bytes, durable: bool = True) -> None:
     """Write ``data`` to ``path`` atomically with its sidecar MAC, so that a kill at any
     point leaves a file whose sidecar verifies it: the sidecar names the new MAC (and the
-    previous file's) before the file is replaced, and the new one alone after."""
+    previous file's) before the file is replaced, and the new one alone after.
+
+    The last rewrite of the sidecar is never forced to disk: lost in a crash, it leaves the
+    durable sidecar naming both MACs, which verifies the file as well (the new one, or the
+    previous one the run wrote itself). ``durable=False`` (a record superseded within the
+    run: ``results.json`` while running) forces none of it to disk (``atomic_write_bytes``)."""
     try:
         new = mac_of(data)
     except ConfigError as err:
         log.warning("%s is written without a MAC (%s): it cannot be resumed", path, err)
-        atomic_write_bytes(path, data)
+        atomic_write_bytes(path, data, durable=durable)
         return
     previous = [m for m in (_stored_macs(mac_path(path), missing_ok=True) or [])[:1]
                 if m != new]
-    _write_sidecar(path, [new, *previous])
-    atomic_write_bytes(path, data)
+    _write_sidecar(path, [new, *previous], durable=durable)
+    atomic_write_bytes(path, data, durable=durable)
     if previous:
-        _write_sidecar(path, [new])
+        _write_sidecar(path, [new], durable=False)
 
 
 def _stored_macs(sidecar: Path, missing_ok: bool = False) -> list[str] | None:

@@ -12,11 +12,14 @@ See docs/privacy-unit-and-streams.md.
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from dpbench.errors import ConfigError
+
+if TYPE_CHECKING:  # torch is imported by the functions that make generators: the seeds
+    import torch  # themselves (``stream_seed``) serve commands that train nothing
 
 #: every named random stream of a run (append-only: a name's position is its spawn key)
 STREAMS: tuple[str, ...] = (
@@ -61,11 +64,15 @@ def stream_seed(seed: int, name: str, *index: int) -> int:
 def stream_generator(seed: int, name: str, device: str | torch.device = "cpu",
                      *index: int) -> torch.Generator:
     """Return a torch generator on ``device`` seeded for stream ``name`` of run ``seed``."""
+    import torch
+
     return torch.Generator(device=device).manual_seed(stream_seed(seed, name, *index))
 
 
 def seed_everything(seed: int, name: str = "model_init") -> None:
     """Seed Python, NumPy and torch (CPU and CUDA) global generators for stream ``name``."""
+    import torch
+
     stream = stream_seed(seed, name)
     random.seed(stream)
     np.random.seed(stream % 2**32)

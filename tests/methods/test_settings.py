@@ -131,3 +131,35 @@ def test_cli_refuses_out_of_range_setting_in_one_line(monkeypatch, tmp_path, cap
     assert err.splitlines() == ["dpbench: error: method.settings.omega must be in (0, 1] "
                                 "(got 2.0)"], err
     assert not run_dir.exists() or not any(run_dir.iterdir())
+
+
+def test_the_settings_registry_holds_each_built_in_methods_dataclass():
+    """One source: every built-in method's record holds the dataclass registered under its
+    name in ``dpbench.method_settings`` (the torch-free module composing reads), and each
+    ``conf/method/<name>.yaml`` has both modules."""
+    from dpbench.method_settings import SETTINGS, settings_class
+    from dpbench.methods import METHODS as REGISTRY
+
+    builtin = [n for n in REGISTRY.builtin_names()  # less any a test registered
+               if get_method(n).mechanism_cls.__module__.startswith("dpbench.methods")]
+    assert set(builtin) <= set(SETTINGS.builtin_names())
+    for name in SETTINGS.builtin_names():
+        assert get_method(name).settings_cls is settings_class(name), name
+        assert get_method(name).settings == SETTINGS.get(name), name
+    package = Path(__file__).resolve().parents[2] / "dpbench"
+    for yaml_file in (Path(CONF_DIR) / "method").glob("*.yaml"):
+        if yaml_file.stem != "plugin":
+            assert (package / "method_settings" / yaml_file.name).with_suffix(".py").is_file()
+            assert (package / "methods" / yaml_file.name).with_suffix(".py").is_file()
+
+
+def test_a_method_name_given_settings_twice_is_refused():
+    from dpbench.method_settings import SETTINGS, register_settings
+    from dpbench.method_settings.dpsgd import DPSGDSettings
+
+    SETTINGS.load_builtins()
+    with pytest.raises(ValueError, match="already registered"):
+        register_settings("dpsgd")(DPSGDSettings)
+    with pytest.raises(TypeError, match="frozen dataclass"):
+        register_settings("not_frozen")(dataclasses.make_dataclass("Open", [("x", int, 0)]))
+    assert "not_frozen" not in SETTINGS.builtin_names()

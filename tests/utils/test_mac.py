@@ -22,11 +22,11 @@ def _kill_at_write(monkeypatch, n: int) -> None:
     """Make the n-th atomic write (1-based) of ``write_authenticated`` never happen."""
     real, calls = mac.atomic_write_bytes, []
 
-    def dying(path, data):
+    def dying(path, data, durable=True):
         calls.append(path)
         if len(calls) == n:
             raise _Killed
-        real(path, data)
+        real(path, data, durable=durable)
 
     monkeypatch.setattr(mac, "atomic_write_bytes", dying)
 
@@ -74,3 +74,25 @@ def test_an_edited_file_or_a_foreign_line_does_not_verify(tmp_path):
     sidecar.write_text("\n".join([mac_of(b"a"), mac_of(b"b"), mac_of(b"epsilon 0")]) + "\n")
     with pytest.raises(Unauthenticated, match="does not match"):
         verify_mac(path, b"epsilon 0", "the record")  # only two lines are read
+
+
+def test_only_the_writes_a_crash_needs_are_forced_to_disk(tmp_path, monkeypatch):
+    """A replacing write forces the sidecar naming both MACs and the file to disk, not the
+    sidecar's last rewrite (its loss leaves the sidecar naming both); a write of a record the
+    run supersedes (``durable=False``) forces nothing."""
+    real, forced = mac.atomic_write_bytes, []
+
+    def counted(path, data, durable=True):
+        forced.append(durable)
+        real(path, data, durable=durable)
+
+    monkeypatch.setattr(mac, "atomic_write_bytes", counted)
+    path = tmp_path / "record.json"
+    mac.write_authenticated(path, b"first")
+    mac.write_authenticated(path, b"second")
+    assert forced == [True, True, True, True, False]
+    forced.clear()
+    mac.write_authenticated(path, b"running", durable=False)
+    assert forced == [False, False, False]
+    assert path.read_bytes() == b"running"
+    verify_mac(path, b"running", "the record")

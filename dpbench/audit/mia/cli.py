@@ -28,15 +28,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.audit.mia.settings import MIASettings
 from dpbench.config.entry import check_command_line, hydra_entry
 from dpbench.errors import ConfigError
-from dpbench.logging.records import COMPLETED, RESULTS_NAME, write_record
-from dpbench.logging.results import run_record
+from dpbench.logging.records import COMPLETED, RESULTS_NAME, run_record, write_record
 from dpbench.runners.job_record import completed_record
 from dpbench.runners.locked import run_locked
 
 if TYPE_CHECKING:
+    from dpbench.audit.mia.settings import MIASettings
     from dpbench.spec import RunSpec
 
 KIND = "mia"
@@ -51,6 +50,8 @@ HEADLINE_KEYS = ("auc", "auc_low", "auc_high", "tpr_at_0p1pct_fpr", "tpr_at_0p1p
 
 
 def mia_settings(cfg: DictConfig) -> MIASettings:
+    from dpbench.audit.mia.settings import MIASettings  # its attacks import scipy
+
     node = OmegaConf.to_container(cfg.get("mia") or {}, resolve=True)
     try:
         return MIASettings(**node)

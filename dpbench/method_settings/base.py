@@ -1,8 +1,10 @@
-"""``method.settings``: one dataclass per method holds the keys, their types and defaults.
+"""``method.settings``: what every method's settings dataclass shares (torch-free).
 
-A method's record (``DPMethod``) holds an instance of its frozen dataclass as ``settings``: the
-defaults when registered, the run's checked values once configured, read as attributes by both
-halves (``settings.kappa``). ``dpbench.config.schema.register_schemas``
+Each built-in method's frozen dataclass lives in ``dpbench.method_settings.<name>`` (the
+keys, their types and defaults; one source). A method's record (``DPMethod``) holds an
+instance of it as ``settings``: the defaults when registered, the run's checked values once
+configured, read as attributes by both halves (``settings.kappa``).
+``dpbench.config.schema.register_schemas``
 stores it in Hydra's ConfigStore as ``method/settings/<name>``, which the method's YAML lists
 first in its defaults (``- settings: <name>``). Hydra then checks types when it composes (a
 string for a float fails there, naming the key), and the YAML states only what differs from
