@@ -48,10 +48,9 @@ import torch
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from torch import nn
 from torch.func import functional_call, grad, vmap
-from torch.utils.data import Subset, TensorDataset
 
 from dpbench.errors import ConfigError
-from dpbench.training.batches import batch_size
+from dpbench.training.batches import batch_size, tensor_rows
 from dpbench.training.engine.materialised import clip_materialised
 from dpbench.training.engine.protocol import (
     ClippedSum,
@@ -415,7 +414,7 @@ def epoch_batches(trainer: Any) -> Iterator[Any]:
     Anything else: the Trainer's own loader.
     """
     loader = trainer.train_loader
-    found = _indexed(getattr(loader, "dataset", None))
+    found = tensor_rows(getattr(loader, "dataset", None))
     if not (found is not None and loader.num_workers == 0
             and isinstance(loader.batch_sampler, UniformWithReplacementSampler)
             and loader.collate_fn is not None and not trainer.collective.distributed):
@@ -436,18 +435,6 @@ def epoch_batches(trainer: Any) -> Iterator[Any]:
             chosen = rows[chosen]
         return [t[chosen] for t in tensors]
     return (fetch(idx) for idx in masks)
-
-
-def _indexed(dataset: Any) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None] | None:
-    """Return (the tensors, the rows of them) of a ``TensorDataset`` seen through
-    ``Subset``s (rows None: all of them, in order); None for any other data set. Example i
-    of the outer subset is row ``rows[i]`` of the tensors."""
-    rows = None
-    while isinstance(dataset, Subset):
-        inner = torch.as_tensor(dataset.indices, dtype=torch.long)
-        rows = inner if rows is None else inner[rows]
-        dataset = dataset.dataset
-    return (dataset.tensors, rows) if isinstance(dataset, TensorDataset) else None
 
 
 def group_engines(trainers: Sequence[Any]) -> SeedGroup:

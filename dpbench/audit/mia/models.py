@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import Dataset, Subset
 
 from dpbench.audit.broken import noise_scaled
 from dpbench.audit.mia.model_groups import trained_models
@@ -28,6 +28,7 @@ from dpbench.audit.mia.split import memberships, model_seed
 from dpbench.data.base import TaskData, subset_indices
 from dpbench.errors import ConfigError
 from dpbench.spec import RunSpec
+from dpbench.training.batches import evaluation_batches
 from dpbench.training.loop import Trainer
 
 #: tasks whose ``collect_predictions`` gives per-example class log-probabilities: fair
@@ -73,7 +74,7 @@ def _outputs(trainer: Trainer, dataset: Dataset, shift: tuple[int, int] = (0, 0)
     ``shift``)."""
     from dpbench.audit.mia.attacks import logit_confidence
 
-    loader = DataLoader(dataset, batch_size=trainer.settings.eval_batch_size)
+    loader = evaluation_batches(dataset, trainer.settings.eval_batch_size)
     predict = None if shift == (0, 0) else (
         lambda x: trainer.task.predict_log_proba(trainer.model, shift_images(x, *shift)))
     log_probs, labels, _ = trainer.task.collect_predictions(trainer.model, loader,
