@@ -141,3 +141,26 @@ def test_dpbench_mia_trains_its_models_grouped_from_a_fresh_process(tmp_path):
     assert len(record["mia"]["model_epsilons"]) == 4
     assert "model 4/4 (reference) trained" in done.stderr
     assert "| dpsgd | digits |" in done.stdout
+
+
+def test_a_models_batches_through_the_pools_subsets_are_its_loaders_batches():
+    """The group fetches a model's batches by indexing the data set's tensors through the
+    pool's and the half's ``Subset``s: the very tensors its own loader yields."""
+    from dpbench.training.batches import tensor_rows
+    from dpbench.training.seed_group import epoch_batches
+
+    def model():
+        spec = build_spec(mia_config(*CELL, "trainer.batch_size=4"))
+        settings = mia_settings(spec.cfg)
+        pool, _ = pool_and_population(load_data(spec.cfg), settings)
+        masks = memberships(settings.seed, settings.models, len(pool))
+        return model_builder(spec, settings, pool, masks)(1)
+
+    ours, theirs = model(), model()
+    assert tensor_rows(ours.train_loader.dataset) is not None  # the indexing path is taken
+    for _ in range(2):
+        mine, loaders = list(epoch_batches(ours)), list(theirs.epoch_batches())
+        assert len(mine) == len(loaders) == ours.plan.steps_per_epoch
+        for a, b in zip(mine, loaders):
+            assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))
+    assert torch.equal(ours.sampler_generator.get_state(), theirs.sampler_generator.get_state())
