@@ -102,6 +102,17 @@ def grouping_refusal(*, method: str, model: str, task: str, private: bool, sampl
     return None
 
 
+def spec_refusal(spec: Any) -> str | None:
+    """Return ``grouping_refusal`` of a checked run (``spec.RunSpec``), one process."""
+    cfg = spec.cfg
+    return grouping_refusal(
+        method=spec.method_name, model=str(cfg.model.name),
+        task=str(cfg.dataset.get("task") or "classification"),
+        private=bool(spec.privacy.enabled), sampler=spec.trainer.sampler,
+        precision=spec.trainer.precision, grad_sample_mode=spec.trainer.grad_sample_mode,
+        distributed=False, unit=spec.privacy.unit)
+
+
 def same_batch(a: Any, b: Any) -> bool:
     """Return whether two batches hold the same tensors, value by value."""
     la, lb = tensors_in(a), tensors_in(b)

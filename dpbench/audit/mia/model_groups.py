@@ -23,15 +23,9 @@ from dpbench.spec import RunSpec
 
 def grouping_check(spec: RunSpec) -> None:
     """Raise ConfigError (one line) when the run's models cannot train K at a time."""
-    from dpbench.training.seed_group import grouping_refusal
+    from dpbench.training.seed_group import spec_refusal
 
-    cfg = spec.cfg
-    reason = grouping_refusal(
-        method=spec.method_name, model=str(cfg.model.name),
-        task=str(cfg.dataset.get("task") or "classification"),
-        private=bool(spec.privacy.enabled), sampler=spec.trainer.sampler,
-        precision=spec.trainer.precision, grad_sample_mode=spec.trainer.grad_sample_mode,
-        distributed=False, unit=spec.privacy.unit)
+    reason = spec_refusal(spec)
     if reason is not None:
         raise ConfigError(f"dpbench-mia: {reason}")
 
