@@ -374,6 +374,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds-at-once", type=int, default=16)
     parser.add_argument("--seed-rounds", type=int, default=1,
                         help="rounds of the two sweeps, alternating their order")
+    parser.add_argument("--mia-references", type=int, default=None,
+                        help="(with or without --seeds) models per CPU-minute of a dpbench-mia "
+                             "cell of the demo with this many reference models, each model "
+                             "alone vs all at once (fresh processes; bench_seeds.py)")
     args = parser.parse_args(argv)
     for option, value, least in (("--rounds", args.rounds, 1), ("--reps", args.reps, 1),
                                  ("--warmup", args.warmup, 0), ("--threads", args.threads, 1),
@@ -383,17 +387,24 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and value < least:
             parser.error(f"{option} must be at least {least} (got {value})")
     for option, value in (("--seeds", args.seeds), ("--seeds-at-once", args.seeds_at_once),
-                          ("--seed-rounds", args.seed_rounds)):
+                          ("--seed-rounds", args.seed_rounds),
+                          ("--mia-references", args.mia_references)):
         if value is not None and value < 1:
             parser.error(f"{option} must be at least 1 (got {value})")
-    if args.seeds:
-        from dpbench.bench_seeds import bench_seeds, print_seeds_table
+    if args.seeds or args.mia_references:
+        from dpbench.bench_seeds import bench_mia, bench_seeds, print_seeds_table
 
         load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
         print(f"{time.strftime('%Y-%m-%d %H:%M')}, load average {load[0]:.1f} "
               f"(cpus {os.cpu_count()}), OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
-        print_seeds_table(args.seeds, args.seeds_at_once,
-                          bench_seeds(args.seeds, args.seeds_at_once, args.seed_rounds))
+        if args.seeds:
+            print_seeds_table(args.seeds, args.seeds_at_once,
+                              bench_seeds(args.seeds, args.seeds_at_once, args.seed_rounds))
+        if args.mia_references:
+            models = args.mia_references + 1
+            print_seeds_table(models, models, bench_mia(args.mia_references, args.seed_rounds),
+                              cell=f"dpbench-mia demo, 1 target + {args.mia_references} "
+                                   "references", unit="models")
         return 0
     if args.device not in ("auto", "cpu") and not args.device.startswith("cuda"):
         parser.error(f"--device must be auto, cpu or cuda[:N] (got {args.device!r})")

@@ -65,6 +65,7 @@ def test_rounds_report_the_median_of_per_round_ratios_and_their_range():
     (["--device", "nosuch"], "--device"), (["--device", "cuda"], "--device"),
     (["--seeds", "0"], "--seeds"), (["--seeds", "2", "--seeds-at-once", "0"], "--seeds-at-once"),
     (["--users", "0"], "--users"),
+    (["--mia-references", "0"], "--mia-references"),
 ])
 def test_bad_options_are_one_line_before_any_timing(argv, key, capsys):
     if argv == ["--device", "cuda"] and torch.cuda.is_available():
@@ -122,6 +123,13 @@ def test_the_seeds_table_reports_seeds_per_cpu_minute_and_the_median_ratio(capsy
     # median CPU 26 s: 16 seeds * 60 / 26 = 36.92 per CPU-minute; 62 / 26 = 2.38x; per-round
     # ratios 3.00 and 2.00
     assert "| 16 | 16 | 26.0 |" in rows[1] and "| 36.92 | 2.38x (2.00-3.00) |" in rows[1]
+    # an MIA cell's table counts models
+    print_seeds_table(9, 9, [{"cpu_1": 30.0, "wall_1": 31.0, "cpu_9": 10.0, "wall_9": 11.0}],
+                      cell="dpbench-mia demo, 1 target + 8 references", unit="models")
+    out = capsys.readouterr().out
+    assert "| models / CPU-minute |" in out
+    assert ("| dpbench-mia demo, 1 target + 8 references | 9 | 9 | 10.0 | 11.0 | 54.00 | "
+            "3.00x |") in out
 
 
 def test_the_users_table_times_per_user_steps_against_hooks_per_user(capsys):

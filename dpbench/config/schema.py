@@ -136,8 +136,8 @@ class TrainerConfig:
     cache_frozen_prefix: str = "auto"  # auto | on | off: train on cached frozen-prefix outputs
     precision: str = PRECISIONS[0]  # 32-true | bf16-mixed (a bf16 forward, float32 mechanism)
     sampler: str = DEFAULT_SAMPLER  # poisson | fixed_size | shuffle (docs/sampling.md)
-    #: a ``-m seed=...`` sweep trains its seeds in groups of this many, in one vectorised
-    #: process (training/seed_group.py); 1: each seed alone
+    #: a ``-m seed=...`` sweep trains its seeds (dpbench-mia its models) in groups of this
+    #: many, in one vectorised process (training/seed_group.py); 1: each seed alone
     seeds_at_once: int = 1
 
     def __post_init__(self) -> None:

@@ -76,7 +76,7 @@ def cell_key(cfg: DictConfig) -> str:
 
 def grouping_check(cfg: DictConfig, hc: Any, spec: Any) -> None:
     """Raise ConfigError (one line) if this job's seed cannot train in a group."""
-    from dpbench.training.seed_group import grouping_refusal
+    from dpbench.training.seed_group import spec_refusal
 
     launcher = str(OmegaConf.select(hc, "launcher._target_") or "")
     if launcher != BASIC_LAUNCHER:
@@ -87,12 +87,7 @@ def grouping_check(cfg: DictConfig, hc: Any, spec: Any) -> None:
         raise ConfigError(f"trainer.seeds_at_once={spec.trainer.seeds_at_once} trains several "
                           "runs in one process, W&B one: use logger=none (results.json holds "
                           "every metric)")
-    reason = grouping_refusal(
-        method=spec.method_name, model=str(cfg.model.name),
-        task=str(cfg.dataset.get("task") or "classification"),
-        private=bool(spec.privacy.enabled), sampler=spec.trainer.sampler,
-        precision=spec.trainer.precision, grad_sample_mode=spec.trainer.grad_sample_mode,
-        distributed=False, unit=spec.privacy.unit)
+    reason = spec_refusal(spec)
     if reason is not None:
         raise ConfigError(reason)
 

@@ -34,6 +34,7 @@ from dpbench.privacy import PrivacyAccountant, PrivacyLedger
 from dpbench.privacy.plan import PrivacyPlan, account_release, plan_privacy, step_plan
 from dpbench.privacy.user_plan import plan_user_privacy
 from dpbench.tasks.base import Task
+from dpbench.training.batches import evaluation_batches
 from dpbench.training.distributed import Collective, device_name, resolve_device, shard_loader
 from dpbench.training.engine.check import EngineVerifier, record_check
 from dpbench.training.engine.choice import build_verified_engine
@@ -212,7 +213,8 @@ class Trainer:
         # K processes: the global batch (any sampler), each rank its slice (distributed.py)
         self.train_loader = shard_loader(loader, self.collective)
         self.devices = self.collective.gather_strings(device_name(self.device))
-        self.test_loader = DataLoader(self.data.test, batch_size=trainer.eval_batch_size)
+        # in order, by slicing where the test set is tensors (DataLoader's very batches)
+        self.test_loader = evaluation_batches(self.data.test, trainer.eval_batch_size)
         self.step = self.epoch = self.epoch_step = 0  # epoch_step: steps done in this epoch
         self.history: list[dict[str, Any]] = []
         self.step_history: list[dict[str, Any]] = []  # evaluations every eval_every_steps

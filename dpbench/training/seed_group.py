@@ -48,10 +48,9 @@ import torch
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from torch import nn
 from torch.func import functional_call, grad, vmap
-from torch.utils.data import TensorDataset
 
 from dpbench.errors import ConfigError
-from dpbench.training.batches import batch_size
+from dpbench.training.batches import batch_size, tensor_rows
 from dpbench.training.engine.materialised import clip_materialised
 from dpbench.training.engine.protocol import (
     ClippedSum,
@@ -101,6 +100,17 @@ def grouping_refusal(*, method: str, model: str, task: str, private: bool, sampl
         return ("trainer.seeds_at_once groups example-level runs only (per-user clipping is "
                 f"not vectorised over seeds), not privacy.unit={unit}")
     return None
+
+
+def spec_refusal(spec: Any) -> str | None:
+    """Return ``grouping_refusal`` of a checked run (``spec.RunSpec``), one process."""
+    cfg = spec.cfg
+    return grouping_refusal(
+        method=spec.method_name, model=str(cfg.model.name),
+        task=str(cfg.dataset.get("task") or "classification"),
+        private=bool(spec.privacy.enabled), sampler=spec.trainer.sampler,
+        precision=spec.trainer.precision, grad_sample_mode=spec.trainer.grad_sample_mode,
+        distributed=False, unit=spec.privacy.unit)
 
 
 def same_batch(a: Any, b: Any) -> bool:
@@ -223,10 +233,11 @@ class SeedGroup:
         return MemberEngine(self, k)
 
     def stage(self, batches: Sequence[Any], device: torch.device) -> None:
-        """Hand the group one step's batches, seed k's at position k."""
+        """Hand the group one step's batches, seed k's at position k (None: seed k takes
+        no step now)."""
         if len(batches) != self.size:
             raise ValueError(f"{len(batches)} batches for a group of {self.size} seeds")
-        self._staged = [move_to(b, device) for b in batches]
+        self._staged = [None if b is None else move_to(b, device) for b in batches]
         self._results = {}
         self._pending = {kind: set(range(self.size)) for kind in ("examples", "linear")}
 
@@ -404,20 +415,22 @@ class MemberEngine:
 def epoch_batches(trainer: Any) -> Iterator[Any]:
     """Return ``trainer.epoch_batches()``'s batches, the same tensors, fetched by indexing.
 
-    For the common case (a ``TensorDataset`` under Opacus's Poisson batch sampler, one
-    process, no worker processes) each batch is ``[t[idx] for t in dataset.tensors]`` with
-    ``idx`` the mask the seed's own sampler draws, which is what the loader's example-by-example
+    For the common case (a ``TensorDataset``, or ``Subset``s of one, under Opacus's Poisson
+    batch sampler, one process, no worker processes) each batch is ``[t[idx] for t in
+    dataset.tensors]`` with ``idx`` the mask the seed's own sampler draws (through the
+    subsets' indices), which is what the loader's example-by-example
     fetch and ``default_collate`` build (an empty mask gives the same empty tensors); the
     loader's own per-epoch draw from the sampler stream is made first, as ``iter(loader)``
     makes it, and a resumed epoch skips the same draw (``sampling.remaining_batches``).
     Anything else: the Trainer's own loader.
     """
     loader = trainer.train_loader
-    dataset = getattr(loader, "dataset", None)
-    if not (isinstance(dataset, TensorDataset) and loader.num_workers == 0
+    found = tensor_rows(getattr(loader, "dataset", None))
+    if not (found is not None and loader.num_workers == 0
             and isinstance(loader.batch_sampler, UniformWithReplacementSampler)
             and loader.collate_fn is not None and not trainer.collective.distributed):
         return trainer.epoch_batches()
+    tensors, rows = found
     generator, done = trainer.sampler_generator, trainer.epoch_step
     saved = generator.get_state() if done else None
     iter(loader)  # the loader's per-epoch draw (its iterator's base seed)
@@ -426,17 +439,21 @@ def epoch_batches(trainer: Any) -> Iterator[Any]:
     masks = iter(loader.batch_sampler)
     if done:
         masks = itertools.islice(masks, max(trainer.plan.steps_per_epoch - done, 0))
-    tensors = dataset.tensors
-    return ([t[torch.as_tensor(idx, dtype=torch.long)] for t in tensors] for idx in masks)
+
+    def fetch(idx: Any) -> list[torch.Tensor]:
+        chosen = torch.as_tensor(idx, dtype=torch.long)
+        if rows is not None:
+            chosen = rows[chosen]
+        return [t[chosen] for t in tensors]
+    return (fetch(idx) for idx in masks)
 
 
 def group_engines(trainers: Sequence[Any]) -> SeedGroup:
     """Return the group of ``trainers`` (each a ``Trainer`` of one seed, built as a separate
     run would be), each seed's engine replaced by its member engine after the per-run check
     passed on it (a failure refuses that seed: ``ConfigError``)."""
-    if len({t.plan.total_steps for t in trainers}) > 1 or len(
-            {t.plan.steps_per_epoch for t in trainers}) > 1:
-        raise ConfigError("the seeds of a group must share one privacy plan (steps)")
+    if len({t.settings.epochs for t in trainers}) > 1:
+        raise ConfigError("the seeds of a group must train for one number of epochs")
     group = SeedGroup([t.model for t in trainers])
     for k, trainer in enumerate(trainers):
         trainer.use_engine(group.member(k), "grouped")
@@ -449,7 +466,10 @@ def fit_group(trainers: Sequence[Any], group: SeedGroup,
     return each seed's summary. ``stop`` is polled after every whole step: when it holds,
     every seed checkpoints that step and ``Preempted`` is raised.
 
-    Each epoch's time is shared equally among the seeds' ``wall_time_s``.
+    Seeds whose epochs hold fewer steps (a smaller training set: the membership-inference
+    models' random halves) sit out the epoch's last steps (no batch staged, nothing drawn)
+    and end the epoch with the others; each seed still takes exactly its own steps, from its
+    own sampler stream. Each epoch's time is shared equally among the seeds' ``wall_time_s``.
     """
     for trainer in trainers:
         trainer.begin()
@@ -460,11 +480,12 @@ def fit_group(trainers: Sequence[Any], group: SeedGroup,
     first, count = trainers[0], len(trainers)
     while first.epoch < first.settings.epochs:
         start = time.perf_counter()
-        for batches in zip(*(epoch_batches(t) for t in trainers), strict=True):
+        for batches in itertools.zip_longest(*(epoch_batches(t) for t in trainers)):
             group.stage(batches, first.device)
             try:
                 for trainer, batch in zip(trainers, batches):
-                    trainer.end_step(trainer.train_step(batch))
+                    if batch is not None:  # None: this seed's epoch has ended
+                        trainer.end_step(trainer.train_step(batch))
             finally:
                 group.unstage()
             if stop is not None and stop():

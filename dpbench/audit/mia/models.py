@@ -4,27 +4,32 @@ Every model is built by ``experiment.build`` from the run's own ``RunSpec`` (the
 method, model, privacy settings and trainer: the attacker knows the training algorithm),
 with its own seed (``split.model_seed``, ``RunSpec.with_seed``) and its training set replaced
 by its half of the pool (``split.membership``), so its noise is calibrated and accounted for
-that set. Progress (models done / total, ETA) goes to stderr.
+that set. With ``trainer.seeds_at_once=K`` the models train K at a time
+(``model_groups.py``), each still its own run. Progress (models done / total, ETA) goes to
+stderr.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import Dataset, Subset
 
 from dpbench.audit.broken import noise_scaled
+from dpbench.audit.mia.model_groups import trained_models
 from dpbench.audit.mia.settings import MIASettings
 from dpbench.audit.mia.split import memberships, model_seed
 from dpbench.audit.mia.users import user_memberships
 from dpbench.data.base import TaskData, subset_indices
 from dpbench.errors import ConfigError
 from dpbench.spec import RunSpec
+from dpbench.training.batches import evaluation_batches
 from dpbench.training.loop import Trainer
 from dpbench.training.user_unit import USERS_KEY
 
@@ -71,7 +76,7 @@ def _outputs(trainer: Trainer, dataset: Dataset, shift: tuple[int, int] = (0, 0)
     ``shift``)."""
     from dpbench.audit.mia.attacks import logit_confidence
 
-    loader = DataLoader(dataset, batch_size=trainer.settings.eval_batch_size)
+    loader = evaluation_batches(dataset, trainer.settings.eval_batch_size)
     predict = None if shift == (0, 0) else (
         lambda x: trainer.task.predict_log_proba(trainer.model, shift_images(x, *shift)))
     log_probs, labels, _ = trainer.task.collect_predictions(trainer.model, loader,
@@ -138,23 +143,34 @@ def pool_and_population(data: TaskData, settings: MIASettings) -> tuple[Dataset,
             Subset(data.test, subset_indices(m, settings.population_size).tolist()))
 
 
+def model_builder(spec: RunSpec, settings: MIASettings, pool: Dataset,
+                  masks: np.ndarray, users: np.ndarray | None = None
+                  ) -> Callable[[int], Trainer]:
+    """Return ``build_one(k)``: model k's Trainer (``experiment.build`` of its own seed on
+    the pool examples of its mask; with ``users``, each kept record's user), untrained."""
+    from dpbench.experiment import build
+
+    def build_one(k: int) -> Trainer:
+        return build(spec.with_seed(model_seed(settings.seed, k)), None, make_trainer=_OnHalf(
+            Subset(pool, np.flatnonzero(masks[k]).tolist()), settings.break_noise_scale,
+            None if users is None else users[masks[k]]))
+    return build_one
+
+
 def train_models(spec: RunSpec, settings: MIASettings, pool: Dataset,
                  population: Dataset, users: np.ndarray | None = None) -> ModelOutputs:
     """Train the run's ``settings.models`` models; return their outputs on pool and population.
     With ``users`` (each pool record's user, ``privacy.unit=user``) whole users are drawn
     (``users.user_memberships``) and each model trains on its users' records."""
-    from dpbench.experiment import build
-
     total = settings.models
     masks = (memberships(settings.seed, total, len(pool))  # type: ignore[arg-type]
              if users is None else user_memberships(settings.seed, total, users))
     rows: dict[str, list[np.ndarray]] = {"lp": [], "phi": [], "lz": [], "aug": []}
     summaries, start = [], time.perf_counter()
-    for k in range(total):
-        trainer = build(spec.with_seed(model_seed(settings.seed, k)), None, make_trainer=_OnHalf(
-            Subset(pool, np.flatnonzero(masks[k]).tolist()), settings.break_noise_scale,
-            None if users is None else users[masks[k]]))
-        summaries.append(trainer.fit())
+    build_one = model_builder(spec, settings, pool, masks, users)
+    # one at a time, or trainer.seeds_at_once at a time (model_groups.py)
+    for k, (trainer, summary) in enumerate(trained_models(spec, total, build_one)):
+        summaries.append(summary)
         with torch.no_grad():
             lp, phi = _outputs(trainer, pool)
             lz, _ = _outputs(trainer, population)
