@@ -11,6 +11,7 @@ from sklearn.metrics import roc_auc_score, roc_curve
 
 from dpbench.audit.mia.attacks import (
     RMIA_A_GRID,
+    UndefinedScore,
     augmented,
     choose_rmia_a,
     gaussian_fit,
@@ -19,7 +20,7 @@ from dpbench.audit.mia.attacks import (
     logit_confidence,
     loss_score,
     rmia,
-    rmia_reference_probability,
+    rmia_log_reference_probability,
 )
 from dpbench.audit.mia.metrics import (
     attack_metrics,
@@ -32,7 +33,11 @@ from dpbench.audit.mia.metrics import (
     roc,
     tpr_at_fpr,
 )
+from dpbench.audit.mia.models import ModelOutputs
+from dpbench.audit.mia.scoring import score_attacks
+from dpbench.audit.mia.settings import MIASettings
 from dpbench.audit.mia.split import memberships, model_seed
+from dpbench.errors import TrainingDiverged
 
 TOL = 1e-10
 
@@ -109,8 +114,9 @@ def test_rmia_equals_the_pairwise_likelihood_ratio_count():
     refs_x, refs_z = rng.uniform(0.01, 1, (refs, n)), rng.uniform(0.01, 1, (refs, m))
     in_refs = rng.random((refs, n)) < 0.5
     a, gamma = 0.3, 1.5
-    got = rmia(p_x, refs_x, in_refs, p_z, refs_z, a, gamma)
-    smooth = rmia(p_x, refs_x, in_refs, p_z, refs_z, a, gamma, tie_break=True)
+    logs = [np.log(v) for v in (p_x, refs_x)] + [in_refs] + [np.log(v) for v in (p_z, refs_z)]
+    got = rmia(*logs, a, gamma)
+    smooth = rmia(*logs, a, gamma, tie_break=True)
     pr_z = 0.5 * ((1 + a) * refs_z.mean(0) + 1 - a)  # z trains no reference: all OUT
     for i in range(n):  # brute force: Score(x) = mean_z 1[LR(x, z) >= gamma]
         out = ~in_refs[:, i]
@@ -127,10 +133,11 @@ def test_rmia_tie_break_keeps_the_order_of_the_likelihood_ratio():
     p_x, refs_x = rng.uniform(0.01, 1, 500), rng.uniform(0.01, 1, (2, 500))
     p_z, refs_z = rng.uniform(0.01, 1, 20), rng.uniform(0.01, 1, (2, 20))
     in_refs = np.zeros((2, 500), bool)
-    exact = rmia(p_x, refs_x, in_refs, p_z, refs_z, 0.5)
-    smooth = rmia(p_x, refs_x, in_refs, p_z, refs_z, 0.5, tie_break=True)
+    logs = np.log(p_x), np.log(refs_x), in_refs, np.log(p_z), np.log(refs_z)
+    exact = rmia(*logs, 0.5)
+    smooth = rmia(*logs, 0.5, tie_break=True)
     assert len(np.unique(exact)) <= 21 < len(np.unique(smooth)) == 500  # m + 1 levels: no more
-    ratio = p_x / rmia_reference_probability(refs_x, in_refs, 0.5)
+    ratio = np.log(p_x) - rmia_log_reference_probability(np.log(refs_x), in_refs, 0.5)
     order = np.argsort(ratio)
     assert np.all(np.diff(smooth[order]) > 0)  # strictly monotone in the ratio
 
@@ -142,6 +149,7 @@ def test_choose_rmia_a_maximises_the_auc_on_the_references_alone():
     hard = rng.uniform(0.05, 0.9, n)  # per-example difficulty, shared by all models
     p_x = np.clip(hard + 0.08 * members + rng.normal(0, 0.02, (k, n)), 0.01, 1)
     p_z = np.clip(rng.uniform(0.05, 0.9, m) + rng.normal(0, 0.02, (k, m)), 0.01, 1)
+    p_x, p_z = np.log(p_x), np.log(p_z)
     chosen = choose_rmia_a(p_x, members, p_z)
     assert chosen in RMIA_A_GRID
 
@@ -156,9 +164,84 @@ def test_choose_rmia_a_maximises_the_auc_on_the_references_alone():
 def test_rmia_reference_probability_offline_interpolation():
     p = np.array([[0.8, 0.4], [0.2, 0.6]])
     in_refs = np.array([[False, True], [True, True]])
-    got = rmia_reference_probability(p, in_refs, a=0.5)
+    got = np.exp(rmia_log_reference_probability(np.log(p), in_refs, a=0.5))
     assert got[0] == pytest.approx(0.5 * (1.5 * 0.8 + 0.5))  # OUT: the first reference only
     assert got[1] == pytest.approx(0.5)  # no OUT reference: the mean of all
+
+
+def _rmia_in_probabilities(p_x, refs_x, in_refs, p_z, refs_z, a, gamma, tie_break):
+    """The probability-space RMIA that the log-space one replaced (the reference formula)."""
+    out = ~in_refs
+    count = out.sum(0)
+    mean_out = np.where(out, refs_x, 0.0).sum(0) / np.maximum(count, 1)
+    pr_x = np.where(count > 0, 0.5 * ((1 + a) * mean_out + (1 - a)), refs_x.mean(0))
+    pr_z = 0.5 * ((1 + a) * refs_z.mean(0) + (1 - a))
+    ratio_x, ratio_z = p_x / pr_x / gamma, np.sort(p_z / pr_z)
+    exact = np.searchsorted(ratio_z, ratio_x, side="right") / len(ratio_z)
+    if not tie_break:
+        return exact
+    values, counts = np.unique(ratio_z, return_counts=True)
+    smooth = np.interp(ratio_x, np.concatenate([[0.0], values]),
+                       np.concatenate([[0.0], np.cumsum(counts) / len(ratio_z)]))
+    return smooth + np.where(ratio_x > values[-1], 1e-9 * (1 - values[-1] / ratio_x), 0.0)
+
+
+@pytest.mark.parametrize("tie_break", [False, True])
+@pytest.mark.parametrize("a", [0.0, 0.3, 1.0])
+def test_log_space_rmia_equals_the_probability_formula_where_that_was_finite(a, tie_break):
+    rng = np.random.default_rng(11)
+    n, m, r = 300, 40, 4
+    p_x, p_z = rng.uniform(1e-6, 1, n), rng.uniform(1e-6, 1, m)
+    refs_x, refs_z = rng.uniform(1e-6, 1, (r, n)), rng.uniform(1e-6, 1, (r, m))
+    p_z[:5] = p_z[5:10]  # ties among the population ratios
+    refs_z[:, :5] = refs_z[:, 5:10]
+    in_refs = rng.random((r, n)) < 0.5
+    in_refs[:, 0] = True  # an example without OUT references
+    want = _rmia_in_probabilities(p_x, refs_x, in_refs, p_z, refs_z, a, 1.3, tie_break)
+    got = rmia(np.log(p_x), np.log(refs_x), in_refs, np.log(p_z), np.log(refs_z), a, 1.3,
+               tie_break)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e3 * np.finfo(np.float64).eps)
+
+
+def test_rmia_of_a_blown_up_model_is_finite_and_ordered():
+    """log-probabilities near -1900 are 0 as probabilities: the old ratios were 0 / 0."""
+    rng = np.random.default_rng(12)
+    n, m, r = 200, 30, 3
+    log_x, log_z = rng.uniform(-1950, -1850, n), rng.uniform(-1950, -1850, m)
+    refs_x, refs_z = rng.uniform(-1950, -1850, (r, n)), rng.uniform(-1950, -1850, (r, m))
+    in_refs = np.zeros((r, n), bool)
+    assert not np.exp(log_x).any()  # every probability underflows
+    for a in (0.3, 1.0):
+        for tie_break in (False, True):
+            got = rmia(log_x, refs_x, in_refs, log_z, refs_z, a, 1.0, tie_break)
+            assert np.isfinite(got).all() and ((got >= 0) & (got <= 1 + 1e-9)).all()
+    # at a = 1 the ratios are scale-free: shifting every log-probability by -1900 changes
+    # nothing, so the scores equal those of the same model at ordinary log-probabilities
+    shift = 1900.0
+    for tie_break in (False, True):
+        far = rmia(log_x, refs_x, in_refs, log_z, refs_z, 1.0, 1.0, tie_break)
+        near = rmia(log_x + shift, refs_x + shift, in_refs, log_z + shift, refs_z + shift,
+                    1.0, 1.0, tie_break)
+        np.testing.assert_allclose(far, near, atol=1e3 * np.finfo(np.float64).eps)
+        # and the score orders the examples like the log likelihood ratio does
+        lr = log_x - rmia_log_reference_probability(refs_x, in_refs, 1.0)
+        order = np.argsort(lr)
+        assert np.all(np.diff(far[order]) >= 0)
+    chosen = choose_rmia_a(refs_x, rng.random((r, n)) < 0.5, refs_z)
+    assert chosen in RMIA_A_GRID
+
+
+def test_rmia_refuses_an_undefined_ratio_in_one_line():
+    log_x = np.array([-1.0, np.nan, -2.0])
+    refs = np.log(np.full((2, 3), 0.5))
+    with pytest.raises(UndefinedScore, match="undefined on 1 pool example") as err:
+        rmia(log_x, refs, np.zeros((2, 3), bool), np.log([0.3, 0.6]),
+             np.log(np.full((2, 2), 0.5)), 0.3)
+    assert "\n" not in str(err.value)
+    # p_y = 0 exactly under the target and every OUT reference at a = 1: 0 / 0
+    with pytest.raises(UndefinedScore, match="a=1"):
+        rmia(np.array([-np.inf, -1.0]), np.full((2, 2), -np.inf), np.zeros((2, 2), bool),
+             np.log([0.3, 0.6]), np.log(np.full((2, 2), 0.5)), 1.0)
 
 
 def test_point_metrics_match_sklearn():
@@ -254,3 +337,34 @@ def test_augmented_lira_is_the_mean_of_each_augmentations_score():
     for score in (lira_online, lira_offline):
         want = np.mean([score(phi[a], phi_refs[:, a], in_refs) for a in range(aug)], axis=0)
         np.testing.assert_allclose(augmented(score, phi, phi_refs, in_refs), want, rtol=1e-12)
+
+
+def _blown_up_outputs(k: int = 4, n: int = 120, m: int = 60) -> ModelOutputs:
+    rng = np.random.default_rng(13)
+    members = rng.random((k, n)) < 0.5
+    # each example's difficulty is shared by the models; members score 5 nats higher
+    log_p = rng.uniform(-1950, -1850, n) + rng.normal(0, 1, (k, n)) + 5.0 * members
+    log_p_z = rng.uniform(-1950, -1850, m) + rng.normal(0, 1, (k, m))
+    assert not np.exp(log_p).any()  # p_y = 0 in float64
+    return ModelOutputs(members=members, log_p_pool=log_p, phi_pool=log_p.copy(),
+                        log_p_population=log_p_z)
+
+
+def test_score_attacks_scores_a_blown_up_model_with_rmia():
+    out = _blown_up_outputs()
+    settings = MIASettings(pool_size=120, population_size=60, targets=2, references=2,
+                           attacks=["rmia"], bootstrap=20)
+    results, _, scores = score_attacks(out, settings, delta=1e-5)
+    assert np.isfinite(scores["rmia"]).all()
+    assert results["rmia"]["auc"] > 0.9  # the +5 on members still separates them
+
+
+def test_score_attacks_refuses_an_undefined_rmia_score_as_a_dpbench_error():
+    out = _blown_up_outputs()
+    out.log_p_pool[0, 3] = np.nan
+    settings = MIASettings(pool_size=120, population_size=60, targets=1, references=3,
+                           attacks=["rmia"], bootstrap=20, rmia_a=0.3)
+    with pytest.raises(TrainingDiverged, match="target 0: RMIA's likelihood ratio is "
+                       "undefined on 1 pool example") as err:
+        score_attacks(out, settings, delta=1e-5)
+    assert "\n" not in str(err.value)

@@ -17,6 +17,10 @@ from scipy.special import logsumexp
 ATTACKS = ("loss", "lira_offline", "lira_online", "rmia")
 
 
+class UndefinedScore(ValueError):
+    """A score cannot be defined from the model outputs (NaN, or 0 / 0)."""
+
+
 def logit_confidence(log_probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """Return phi = log(p_y / (1 - p_y)) per example (Carlini et al. 2022, Sec. IV-B).
 
@@ -114,19 +118,25 @@ def lira_offline(phi_target: np.ndarray, phi_refs: np.ndarray, in_refs: np.ndarr
     return -stats.norm.logsf(np.asarray(phi_target, np.float64), mu_out, sd_out)
 
 
-def rmia_reference_probability(p_refs: np.ndarray, in_refs: np.ndarray, a: float
-                               ) -> np.ndarray:
-    """Return Pr(x) from OUT reference models (Zarifzadeh et al. 2024, Sec. 4, offline):
+def rmia_log_reference_probability(log_p_refs: np.ndarray, in_refs: np.ndarray, a: float
+                                   ) -> np.ndarray:
+    """Return log Pr(x) from OUT reference models (Zarifzadeh et al. 2024, Sec. 4, offline):
 
     Pr(x) = 1/2 ((1 + a) Pr_OUT(x) + (1 - a)),
 
     Pr_OUT(x) the mean of p_y over the references that did not train on x; an example every
-    reference trained on takes the mean over all of them (then an IN-only estimate).
+    reference trained on takes the mean over all of them (then an IN-only estimate). Computed
+    from the log-probabilities ``(R, n)`` with logsumexp, so that probabilities below the
+    float range (log p_y near -1900) keep their size instead of underflowing to 0.
     """
-    p_refs, out = np.asarray(p_refs, np.float64), ~np.asarray(in_refs, bool)
+    log_p_refs, out = np.asarray(log_p_refs, np.float64), ~np.asarray(in_refs, bool)
     count = out.sum(axis=0)
-    mean_out = np.where(out, p_refs, 0.0).sum(axis=0) / np.maximum(count, 1)
-    return np.where(count > 0, 0.5 * ((1 + a) * mean_out + (1 - a)), p_refs.mean(axis=0))
+    with np.errstate(divide="ignore"):
+        log_mean_out = (logsumexp(np.where(out, log_p_refs, -np.inf), axis=0)
+                        - np.log(np.maximum(count, 1)))
+        log_mean_all = logsumexp(log_p_refs, axis=0) - np.log(len(log_p_refs))
+        interpolated = np.log(0.5) + np.logaddexp(np.log1p(a) + log_mean_out, np.log(1 - a))
+    return np.where(count > 0, interpolated, log_mean_all)
 
 
 def augmented(score: Any, phi_target: np.ndarray, phi_refs: np.ndarray, in_refs: np.ndarray,
@@ -139,38 +149,49 @@ def augmented(score: Any, phi_target: np.ndarray, phi_refs: np.ndarray, in_refs:
                     for a in range(phi_target.shape[0])], axis=0)
 
 
-def rmia_population_probability(p_refs_z: np.ndarray, a: float) -> np.ndarray:
-    """Return Pr(z) for population samples, which no reference trained on: the same offline
-    interpolation as ``rmia_reference_probability``, 1/2 ((1 + a) mean_refs p_z + (1 - a))
-    (Zarifzadeh et al. 2024, Sec. 4; the authors' code treats z like x)."""
-    return 0.5 * ((1 + a) * np.asarray(p_refs_z, np.float64).mean(0) + (1 - a))
+def rmia_log_population_probability(log_p_refs_z: np.ndarray, a: float) -> np.ndarray:
+    """Return log Pr(z) for population samples, which no reference trained on: the same
+    offline interpolation as ``rmia_log_reference_probability``,
+    1/2 ((1 + a) mean_refs p_z + (1 - a)) (Zarifzadeh et al. 2024, Sec. 4; the authors' code
+    treats z like x)."""
+    log_p_refs_z = np.asarray(log_p_refs_z, np.float64)
+    return rmia_log_reference_probability(log_p_refs_z, np.zeros(log_p_refs_z.shape, bool), a)
 
 
-def _dominated_share(ratio_x: np.ndarray, ratio_z: np.ndarray, tie_break: bool) -> np.ndarray:
-    """Return the share of ``ratio_z`` at or below each ``ratio_x`` (the empirical CDF).
+def _dominated_share(log_x: np.ndarray, log_z: np.ndarray, tie_break: bool) -> np.ndarray:
+    """Return the share of the ratios ``exp(log_z)`` at or below each ``exp(log_x)`` (the
+    empirical CDF), from the log-ratios.
 
-    With ``tie_break`` the CDF is interpolated linearly between the distinct population
-    values (from (0, 0)), so that examples between the same two population samples keep
-    their order instead of sharing one of m + 1 values; it equals the exact share at every
-    population value. Above the largest population value the order is kept by a term below
-    1e-9.
+    With ``tie_break`` the CDF is interpolated linearly in the ratios (not their logs)
+    between the distinct population values (from (0, 0)), so that examples between the same
+    two population samples keep their order instead of sharing one of m + 1 values; it
+    equals the exact share at every population value. Above the largest population value the
+    order is kept by a term below 1e-9. Every interpolation weight is a quotient of ratios,
+    taken relative to the upper end (``exp`` of log differences), so no ratio is ever formed.
     """
-    ordered = np.sort(ratio_z)
-    exact = np.searchsorted(ordered, ratio_x, side="right") / len(ordered)
+    ordered = np.sort(log_z)
+    exact = np.searchsorted(ordered, log_x, side="right") / len(ordered)
     if not tie_break:
         return exact
     values, counts = np.unique(ordered, return_counts=True)
-    xp = np.concatenate([[0.0], values])
-    fp = np.concatenate([[0.0], np.cumsum(counts) / len(ordered)])
-    smooth = np.interp(ratio_x, xp, fp)
-    top = values[-1]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        above = np.where(ratio_x > top, 1e-9 * (1 - top / ratio_x), 0.0)
-    return smooth + above
+    cdf = np.cumsum(counts) / len(ordered)
+    k = np.searchsorted(values, log_x, side="right")  # distinct values at or below x
+    upper = np.minimum(k, len(values) - 1)
+    lower_value = np.where(k > 0, values[np.maximum(k - 1, 0)], -np.inf)
+    lower_cdf = np.where(k > 0, cdf[np.maximum(k - 1, 0)], 0.0)
+    inside = k < len(values)  # else above the largest value: the CDF is 1
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        # (x - v_lo) / (v_up - v_lo), both ratios divided by v_up
+        step = np.where(inside, -np.expm1(lower_value - values[upper]), 1.0)
+        weight = (np.exp(log_x - values[upper]) - np.exp(lower_value - values[upper])) / step
+        above = -1e-9 * np.expm1(values[-1] - log_x)
+    smooth = np.where(inside, lower_cdf + np.where(inside, weight, 0.0)
+                      * (cdf[upper] - lower_cdf), 1.0)
+    return smooth + np.where(log_x > values[-1], above, 0.0)
 
 
-def rmia(p_target_x: np.ndarray, p_refs_x: np.ndarray, in_refs_x: np.ndarray,
-         p_target_z: np.ndarray, p_refs_z: np.ndarray, a: float = 0.3,
+def rmia(log_p_target_x: np.ndarray, log_p_refs_x: np.ndarray, in_refs_x: np.ndarray,
+         log_p_target_z: np.ndarray, log_p_refs_z: np.ndarray, a: float = 0.3,
          gamma: float = 1.0, tie_break: bool = False) -> np.ndarray:
     """RMIA (Zarifzadeh et al. 2024, Sec. 3): the share of population samples z dominated by x,
 
@@ -178,22 +199,36 @@ def rmia(p_target_x: np.ndarray, p_refs_x: np.ndarray, in_refs_x: np.ndarray,
     LR_theta(x, z) = (Pr(x | theta) / Pr(x)) / (Pr(z | theta) / Pr(z)),
 
     with Pr(. | theta) the target's probability of the true label, Pr(x) from the OUT
-    references (``rmia_reference_probability``) and Pr(z) from every reference, both with the
-    offline (1 + a) / 2 interpolation (population samples z train none). Counted with one
+    references (``rmia_log_reference_probability``) and Pr(z) from every reference, both with
+    the offline (1 + a) / 2 interpolation (population samples z train none). Inputs are
+    log-probabilities and the ratios are compared as log-ratios, so a model that blew up
+    (log p_y near -1900, p_y 0 in float64) still gets finite scores. Counted with one
     sort: O((n + m) log m); ``tie_break`` interpolates the count (``_dominated_share``).
+
+    Raises UndefinedScore naming the cause where a log-ratio is undefined: a NaN log-probability,
+    or p_y = 0 exactly (log p_y = -inf) under the target and Pr(.) = 0 (a = 1, every OUT
+    reference also -inf).
     """
-    ratio_x = np.asarray(p_target_x, np.float64) / rmia_reference_probability(
-        p_refs_x, in_refs_x, a)
-    ratio_z = np.asarray(p_target_z, np.float64) / rmia_population_probability(p_refs_z, a)
-    # LR >= gamma  <=>  ratio_z <= ratio_x / gamma
-    return _dominated_share(ratio_x / gamma, ratio_z, tie_break)
+    with np.errstate(invalid="ignore"):  # -inf - -inf: NaN, refused below
+        log_x = np.asarray(log_p_target_x, np.float64) - rmia_log_reference_probability(
+            log_p_refs_x, in_refs_x, a)
+        log_z = np.asarray(log_p_target_z, np.float64) - rmia_log_population_probability(
+            log_p_refs_z, a)
+    for name, values in (("pool example", log_x), ("population sample", log_z)):
+        bad = int(np.isnan(values).sum())
+        if bad:
+            raise UndefinedScore(f"RMIA's likelihood ratio is undefined on {bad} {name}(s): a "
+                             "log-probability is NaN, or p_y = 0 under the target and the "
+                             f"references at a={a:g} (the model diverged)")
+    # LR >= gamma  <=>  log ratio_z <= log ratio_x - log gamma
+    return _dominated_share(log_x - np.log(gamma), log_z, tie_break)
 
 
 #: the values of ``a`` that ``choose_rmia_a`` tries
 RMIA_A_GRID = tuple(round(0.1 * i, 1) for i in range(11))
 
 
-def choose_rmia_a(p_refs_x: np.ndarray, in_refs_x: np.ndarray, p_refs_z: np.ndarray,
+def choose_rmia_a(log_p_refs_x: np.ndarray, in_refs_x: np.ndarray, log_p_refs_z: np.ndarray,
                   gamma: float = 1.0, grid: tuple[float, ...] = RMIA_A_GRID) -> float:
     """Return the ``a`` of offline RMIA that attacks the reference models best (the authors'
     procedure, Zarifzadeh et al. 2024, Sec. 4 / App. B.2: tune on a reference model).
@@ -201,12 +236,14 @@ def choose_rmia_a(p_refs_x: np.ndarray, in_refs_x: np.ndarray, p_refs_z: np.ndar
     Each reference model in turn is the pseudo-target, the other references its references
     (the attacker trained them all and knows their halves; the real target's membership is
     never used); ``a`` maximises the mean AUC over pseudo-targets, ties to the smaller ``a``.
-    Needs at least two reference models.
+    Needs at least two reference models; takes log-probabilities like ``rmia``.
     """
     from sklearn.metrics import roc_auc_score
 
-    p_refs_x, in_refs_x = np.asarray(p_refs_x, np.float64), np.asarray(in_refs_x, bool)
-    k = len(p_refs_x)
+    log_p_refs_x = np.asarray(log_p_refs_x, np.float64)
+    in_refs_x = np.asarray(in_refs_x, bool)
+    log_p_refs_z = np.asarray(log_p_refs_z, np.float64)
+    k = len(log_p_refs_x)
     if k < 2:
         raise ValueError("choosing RMIA's a needs at least two reference models")
     usable = [j for j in range(k) if in_refs_x[j].any() and (~in_refs_x[j]).any()]
@@ -215,8 +252,8 @@ def choose_rmia_a(p_refs_x: np.ndarray, in_refs_x: np.ndarray, p_refs_z: np.ndar
         aucs = []
         for j in usable:
             rest = np.arange(k) != j
-            scores = rmia(p_refs_x[j], p_refs_x[rest], in_refs_x[rest], p_refs_z[j],
-                          p_refs_z[rest], a, gamma, tie_break=True)
+            scores = rmia(log_p_refs_x[j], log_p_refs_x[rest], in_refs_x[rest],
+                          log_p_refs_z[j], log_p_refs_z[rest], a, gamma, tie_break=True)
             aucs.append(roc_auc_score(in_refs_x[j], scores))
         auc = float(np.mean(aucs)) if aucs else -np.inf
         if auc > best_auc + 1e-12:
@@ -224,6 +261,7 @@ def choose_rmia_a(p_refs_x: np.ndarray, in_refs_x: np.ndarray, p_refs_z: np.ndar
     return float(best)
 
 
-__all__ = ["ATTACKS", "augmented", "choose_rmia_a", "gaussian_fit", "lira_offline", "lira_online",
-           "logit_confidence", "loss_score", "rmia", "rmia_population_probability",
-           "rmia_reference_probability"]
+__all__ = ["ATTACKS", "UndefinedScore", "augmented", "choose_rmia_a", "gaussian_fit",
+           "lira_offline", "lira_online",
+           "logit_confidence", "loss_score", "rmia", "rmia_log_population_probability",
+           "rmia_log_reference_probability"]

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from dpbench.audit.mia.attacks import (
+    UndefinedScore,
     augmented,
     choose_rmia_a,
     lira_offline,
@@ -18,6 +19,7 @@ from dpbench.audit.mia.metrics import attack_metrics, roc
 from dpbench.audit.mia.models import ModelOutputs
 from dpbench.audit.mia.settings import MIASettings
 from dpbench.audit.mia.users import user_labels, user_scores
+from dpbench.errors import TrainingDiverged
 from dpbench.utils.seeding import stream_seed
 
 
@@ -27,8 +29,12 @@ def rmia_a(out: ModelOutputs, target: int, settings: MIASettings) -> float:
     if settings.rmia_a != "auto":
         return float(settings.rmia_a)
     refs = np.arange(len(out.members)) != target
-    return choose_rmia_a(np.exp(out.log_p_pool[refs]), out.members[refs],
-                         np.exp(out.log_p_population[refs]), settings.rmia_gamma)
+    try:
+        return choose_rmia_a(out.log_p_pool[refs], out.members[refs],
+                             out.log_p_population[refs], settings.rmia_gamma)
+    except UndefinedScore as err:
+        raise TrainingDiverged(f"dpbench-mia: choosing RMIA's a for target {target}: {err}"
+                               ) from None
 
 
 def target_scores(out: ModelOutputs, target: int, attack: str, settings: MIASettings,
@@ -47,10 +53,13 @@ def target_scores(out: ModelOutputs, target: int, attack: str, settings: MIASett
             return augmented(score, aug[target], aug[refs], in_refs, wide)
         return score(out.phi_pool[target], out.phi_pool[refs], in_refs, wide)
     if attack == "rmia":
-        p_x, p_z = np.exp(out.log_p_pool), np.exp(out.log_p_population)
-        return rmia(p_x[target], p_x[refs], in_refs, p_z[target], p_z[refs],
-                    rmia_a(out, target, settings) if a is None else a, settings.rmia_gamma,
-                    settings.rmia_tie_break)
+        p_x, p_z = out.log_p_pool, out.log_p_population  # log space: no underflow
+        a = rmia_a(out, target, settings) if a is None else a
+        try:
+            return rmia(p_x[target], p_x[refs], in_refs, p_z[target], p_z[refs], a,
+                        settings.rmia_gamma, settings.rmia_tie_break)
+        except UndefinedScore as err:
+            raise TrainingDiverged(f"dpbench-mia: target {target}: {err}") from None
     raise ValueError(f"unknown attack {attack!r}")
 
 
