@@ -9,6 +9,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score, roc_curve
 
+from dpbench.audit.mia import metrics as mia_metrics
 from dpbench.audit.mia.attacks import (
     RMIA_A_GRID,
     UndefinedScore,
@@ -23,12 +24,15 @@ from dpbench.audit.mia.attacks import (
     rmia_log_reference_probability,
 )
 from dpbench.audit.mia.metrics import (
+    FPR_POINTS,
     attack_metrics,
     balanced_accuracy,
+    bootstrap_intervals,
     clopper_pearson,
     clopper_pearson_bounds,
     empirical_epsilon,
     epsilon_from_rates,
+    members_first_auc,
     point_metrics,
     roc,
     tpr_at_fpr,
@@ -368,3 +372,64 @@ def test_score_attacks_refuses_an_undefined_rmia_score_as_a_dpbench_error():
                        "undefined on 1 pool example") as err:
         score_attacks(out, settings, delta=1e-5)
     assert "\n" not in str(err.value)
+
+
+def test_members_first_auc_equals_roc_auc_score_with_ties():
+    rng = np.random.default_rng(21)
+    for n_pos, n_neg in ((1, 1), (7, 3), (150, 250)):
+        scores = np.round(rng.normal(size=(30, n_pos + n_neg)), 1)  # many ties
+        scores[0] = 0.0  # every score tied
+        labels = np.arange(n_pos + n_neg) < n_pos
+        want = [roc_auc_score(labels, row) for row in scores]
+        np.testing.assert_allclose(members_first_auc(scores, n_pos), want, rtol=0, atol=1e-12)
+
+
+def _bootstrap_with_sklearn(scores, members, reps, confidence, rng):
+    """The replicate-by-replicate bootstrap the ranked one replaced (the reference)."""
+    inside, outside = np.flatnonzero(members), np.flatnonzero(~members)
+    draws = {}
+    for _ in range(reps):
+        idx = np.concatenate([rng.choice(inside, len(inside)), rng.choice(outside, len(outside))])
+        fpr, tpr, _ = roc_curve(members[idx], scores[idx], drop_intermediate=False)
+        draws.setdefault("auc", []).append(roc_auc_score(members[idx], scores[idx]))
+        draws.setdefault("balanced_accuracy", []).append(balanced_accuracy(fpr, tpr))
+        for name, p in FPR_POINTS.items():
+            draws.setdefault(name, []).append(tpr_at_fpr(fpr, tpr, p))
+    tail = 100 * (1 - confidence) / 2
+    return {k: (np.percentile(v, tail), np.percentile(v, 100 - tail)) for k, v in draws.items()}
+
+
+def test_ranked_bootstrap_keeps_the_random_stream_and_the_intervals():
+    rng = np.random.default_rng(22)
+    members = rng.random(400) < 0.4
+    scores = np.round(rng.normal(size=400) + 0.7 * members, 2)  # ties
+    want = _bootstrap_with_sklearn(scores, members, 150, 0.95, np.random.default_rng(5))
+    got_rng = np.random.default_rng(5)
+    got = bootstrap_intervals(scores, members, 150, 0.95, got_rng)
+    assert list(got) == list(want)  # the record's key order too
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-12)
+    # the same number of draws were taken: the epsilon split that follows is unchanged
+    ref_rng = np.random.default_rng(5)
+    _bootstrap_with_sklearn(scores, members, 150, 0.95, ref_rng)
+    assert got_rng.integers(1 << 62) == ref_rng.integers(1 << 62)
+
+
+def test_fixed_seed_cell_metrics_unchanged_by_the_ranked_bootstrap(monkeypatch):
+    out = _blown_up_outputs()
+    out.log_p_pool += 1900.0  # an ordinary model
+    out.log_p_population += 1900.0
+    out.phi_pool = out.log_p_pool - np.log1p(-np.exp(np.minimum(out.log_p_pool, -1e-9)))
+    settings = MIASettings(pool_size=120, population_size=60, targets=2, references=2,
+                           bootstrap=60)
+    got = score_attacks(out, settings, delta=1e-5)[0]
+    monkeypatch.setattr(mia_metrics, "bootstrap_intervals", _bootstrap_with_sklearn)
+    want = score_attacks(out, settings, delta=1e-5)[0]
+    assert got.keys() == want.keys()
+    for attack in want:
+        assert got[attack].keys() == want[attack].keys()
+        for key, value in want[attack].items():
+            if isinstance(value, float):
+                assert got[attack][key] == pytest.approx(value, rel=0, abs=1e-12), (attack, key)
+            else:
+                assert got[attack][key] == value, (attack, key)
