@@ -28,8 +28,8 @@ def _free_port() -> int:
 
 
 #: builds rank r's step of a ``world``-process group: (spec, rank, world, device) -> step.
-#: ``dpbench.bench`` passes its own (a module-level function: spawn pickles it by name), so
-#: this module does not import the harness that imports it
+#: ``dpbench.bench`` passes ``bench_steps.rank_step`` (a module-level function: spawn pickles
+#: it by name), so this module does not import the harness that imports it
 RankStep = Callable[[dict[str, Any], int, int, torch.device], Callable[[], None]]
 
 
@@ -80,7 +80,7 @@ def bench_processes(model: str, mode: str, batch: int, shape: tuple, world: int,
                     warmup: int, rounds: int, rank_step: RankStep, device: str = "cpu",
                     threads: int = 1) -> list[tuple[float, float]]:
     """Return per round (median 1-process step s, median ``world``-process step s);
-    ``rank_step`` builds each rank's step (``dpbench.bench.rank_step``)."""
+    ``rank_step`` builds each rank's step (``dpbench.bench_steps.rank_step``)."""
     spec = {"model": model, "mode": mode, "batch": batch, "shape": shape, "reps": reps,
             "warmup": warmup, "device": device, "threads": threads}
     return [(_timed_group(1, spec, rank_step), _timed_group(world, spec, rank_step))

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from dpbench.bench import bench_model, main
+from dpbench.bench import main
+from dpbench.bench_steps import bench_model
 
 pytestmark = pytest.mark.integration  # whole runs: make test, not test-quick
 
@@ -35,7 +36,7 @@ def test_bench_cli_prints_the_table(capsys):
 def test_bench_text_model_has_a_prefix_cached_row():
     """MiniLM with LoRA on its top 2 layers: token-id batches, and the bk step on cached
     features of the frozen bottom 4 layers as its own row."""
-    from dpbench.bench import CACHED
+    from dpbench.bench_presets import CACHED
 
     r = bench_model("minilm_lora", ["bk"], [], 4, (16,), torch.device("cpu"), reps=1,
                     warmup=1)
@@ -80,7 +81,7 @@ def test_bad_options_are_one_line_before_any_timing(argv, key, capsys):
 def test_bench_method_rows_time_two_point_methods_against_dp_adamw():
     """FIBER's CPU preset: DP-AdamW, DiSK and FIBER steps under bk (two points from the
     second step on, after the warm-up) in one process, with the non-private step."""
-    from dpbench.bench import bench_methods
+    from dpbench.bench_steps import bench_methods
 
     r = bench_methods("fiber_cpu", ["bk"], 4, torch.device("cpu"), reps=1, warmup=1)
     assert set(r) == {"nonprivate", "dpadamw bk", "disk bk", "fiber bk"}
@@ -90,7 +91,8 @@ def test_bench_method_rows_time_two_point_methods_against_dp_adamw():
 def test_bench_method_rows_time_bandmf_against_dp_sgd():
     """BandMF's correlated noise (its noise shaper) against plain DP-SGD's step, on the
     MNIST CPU preset's model (the BandMF ratio a separate timing script used to take)."""
-    from dpbench.bench import METHOD_MODELS, bench_methods
+    from dpbench.bench_presets import METHOD_MODELS
+    from dpbench.bench_steps import bench_methods
 
     assert METHOD_MODELS["bandmf_cpu"][-1] == ("dpsgd", "bandmf")
     r = bench_methods("bandmf_cpu", ["bk"], 4, torch.device("cpu"), reps=1, warmup=1)
@@ -135,7 +137,7 @@ def test_the_seeds_table_reports_seeds_per_cpu_minute_and_the_median_ratio(capsy
 def test_the_users_table_times_per_user_steps_against_hooks_per_user(capsys):
     """``--users K``: each mode clips users of K rows (engine.clipped_user_sum), a row per
     mode with its ratio to the non-private step and to hooks per user."""
-    from dpbench.bench import bench_users
+    from dpbench.bench_steps import bench_users
 
     r = bench_users("mlp", ["hooks", "bk", "ghost"], 10, (1, 8, 8), 4, torch.device("cpu"),
                     reps=1, warmup=1)

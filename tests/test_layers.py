@@ -51,7 +51,9 @@ TIERS: dict[str, int] = {
     "spec": ONE_RUN, "experiment": ONE_RUN, "logging": ONE_RUN, "tune.choices": ONE_RUN,
     "analysis": READERS,
     "cli": RUNNERS, "__main__": RUNNERS, "tune": RUNNERS, "audit": RUNNERS, "bench": RUNNERS,
-    "bench_processes": RUNNERS, "bench_seeds": RUNNERS, "bench_startup": RUNNERS,
+    "bench_steps": RUNNERS, "bench_presets": RUNNERS, "bench_processes": RUNNERS,
+    "bench_seeds": RUNNERS,
+    "bench_startup": RUNNERS,
     "bench_users": RUNNERS,
     "runners": RUNNERS,
 }

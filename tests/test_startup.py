@@ -56,6 +56,15 @@ def test_the_audits_help_imports_no_heavy_library(module, tmp_path):
     assert _imported(["--help"], tmp_path, module=module) == []
 
 
+@pytest.mark.parametrize("module", ["dpbench.bench", "dpbench.runners.reproduce"])
+def test_the_bench_and_reproduce_help_import_no_heavy_library(module, tmp_path):
+    """``dpbench-bench --help`` and ``dpbench-reproduce --help`` parse their arguments before
+    importing torch (the timed steps) or scipy and pandas (the claims and the design)."""
+    assert _imported(["--help"], tmp_path, modules=HEAVY + LOOP + (
+        "dpbench.bench_steps", "dpbench.analysis.claims", "dpbench.runners.adaptive"),
+                     module=module) == []
+
+
 @pytest.mark.parametrize("module", ["dpbench.analysis.report", "dpbench.tune.cli"])
 def test_the_readers_and_tunings_help_import_no_heavy_library(module, tmp_path):
     """``dpbench-report --help`` and ``dpbench-tune --help`` parse their arguments before

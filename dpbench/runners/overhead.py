@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from dpbench.bench import stopwatch
+from dpbench.bench_steps import stopwatch
 from dpbench.training.loop import Callback, LoopView
 
 TIMED_KEY = "denoise_seconds"

@@ -32,18 +32,7 @@ from typing import Any
 
 import yaml
 
-from dpbench.analysis.claims import (
-    VERDICTS,
-    ClaimSpecError,
-    adjust,
-    claims_markdown,
-    evaluate_claim,
-    validate_claim,
-)
-from dpbench.analysis.results import load_frame, load_records
-from dpbench.analysis.tables import cell_table, markdown_table
 from dpbench.logging.records import COMPLETED, FAILED
-from dpbench.runners import adaptive
 from dpbench.runners.stopping import PREEMPTED_EXIT_CODE, Stopped, run_child, stop_on_signals
 from dpbench.tune.choices import CHOICES_NAME
 from dpbench.utils.io import atomic_write_text, open_append
@@ -113,6 +102,8 @@ def check_spec(paper: str, spec: Any) -> None:
 def load_spec(paper: str) -> dict[str, Any]:
     """Return the reproduction spec of ``paper`` (one of PAPERS), its claims validated
     (ClaimSpecError, one line naming the claim and the key)."""
+    from dpbench.analysis.claims import validate_claim  # scipy: not for --help
+
     if paper not in PAPERS:
         raise SystemExit(f"dpbench-reproduce: unknown paper {paper!r} (known: "
                          f"{', '.join(PAPERS)}, all)")
@@ -231,6 +222,8 @@ def run_jobs(jobs: list[dict], dry_run: bool, progress: Progress | None = None,
              label: str = "") -> None:
     """Run each sweep (a failing run is recorded by dpbench and the others go on); with
     ``progress``, count each sweep's runs when it finishes and print where the whole is."""
+    from dpbench.analysis.results import load_records
+
     for job in jobs:
         start = time.perf_counter()
         if not dry_run:
@@ -260,6 +253,8 @@ def paper_summary(paper: str, spec: dict[str, Any], out: Path,
                   seconds: float | None) -> str:
     """Return one line for a finished paper: its time (None: nothing was run) and its
     claims' verdicts (decided within the paper)."""
+    from dpbench.analysis.claims import VERDICTS, adjust
+
     rows = adjust(paper_claims(paper, spec, out))
     counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
     done = f"done in {minutes(seconds)}; " if seconds is not None else ""
@@ -268,6 +263,9 @@ def paper_summary(paper: str, spec: dict[str, Any], out: Path,
 
 def paper_tables(spec: dict[str, Any], out: Path) -> str:
     """Return the paper's tables (one per sweep and metric) with CIs."""
+    from dpbench.analysis.results import load_frame
+    from dpbench.analysis.tables import cell_table, markdown_table
+
     text = [f"# {spec['paper']}\n"]
     for sweep in spec["sweeps"]:
         frame = load_frame(out / sweep["name"])
@@ -281,6 +279,7 @@ def paper_tables(spec: dict[str, Any], out: Path) -> str:
 def paper_plots(spec: dict[str, Any], out: Path) -> None:
     """Write the spec's Pareto scatters (``plots``), one per data set, over all its runs."""
     from dpbench.analysis.plots import pareto
+    from dpbench.analysis.results import load_frame
 
     frame = load_frame(out)
     for plot in spec.get("plots", []):
@@ -295,6 +294,10 @@ def paper_claims(paper: str, spec: dict[str, Any], out: Path) -> list[dict[str, 
     """Return the evaluated claims of ``paper`` over every finished run under ``out`` (failed
     runs count: ``evaluate_claim``), in the stages of its recorded design (``design.json``;
     none: one fixed look)."""
+    from dpbench.analysis.claims import evaluate_claim
+    from dpbench.analysis.results import load_records
+    from dpbench.runners import adaptive
+
     records = load_records(out, status=(COMPLETED, FAILED)) if out.exists() else []
     stages = adaptive.load_stages(out)
     design = adaptive.load_design(out)
@@ -378,9 +381,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--until-decided", action="store_true",
                    help="run the two-stage design: a pilot, then a follow-up sized by the "
                         "hints within the budget (docs/tuning-and-claims.md, 'The design')")
-    p.add_argument("--pilot", type=int, default=adaptive.PILOT_SEEDS,
-                   help="seeds a cell of the design's pilot (default %(default)s; --seeds "
-                        "names them instead)")
+    p.add_argument("--pilot", type=int, default=None,
+                   help="seeds a cell of the design's pilot (default: the design's "
+                        "PILOT_SEEDS, docs/tuning-and-claims.md; --seeds names them instead)")
     p.add_argument("--budget", type=int, default=None, metavar="RUNS",
                    help="--until-decided: the runs of both stages together, per paper")
     p.add_argument("--budget-minutes", type=float, default=None, metavar="MIN",
@@ -393,6 +396,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.jobs = default_jobs(args.scale)
     if not 1 <= args.jobs <= MAX_JOBS:
         p.error(f"--jobs must be between 1 and {MAX_JOBS}, got {args.jobs}")
+    if args.pilot is None:  # the design's default, read only now (it imports scipy)
+        from dpbench.analysis.design import PILOT_SEEDS
+
+        args.pilot = PILOT_SEEDS
     if not 3 <= args.pilot <= MAX_SEEDS:
         p.error(f"--pilot must be between 3 and {MAX_SEEDS}, got {args.pilot}")
     if args.budget is not None and not 1 <= args.budget <= MAX_BUDGET_RUNS:
@@ -432,6 +439,8 @@ def declare_design(spec: dict[str, Any], args: argparse.Namespace, out: Path,
     """Record the paper's design before a plain run: its seeds are the pilot (the first run
     only), the seeds ``--claim-seeds`` adds are the follow-up (once; DesignError for a third
     look)."""
+    from dpbench.runners import adaptive
+
     pilot = [int(s) for s in str(args.seeds or spec.get("seeds", {}).get(
         args.scale, "0,1,2")).split(",")]
     seeds = {int(s) for j in jobs for s in adaptive.job_seeds(j)}
@@ -453,6 +462,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # the claims (scipy, pandas) load only once a command runs: --help stays light
+    from dpbench.analysis.claims import ClaimSpecError, adjust, claims_markdown
+    from dpbench.runners import adaptive
+
     logging.basicConfig(level=logging.INFO, format="[dpbench-reproduce] %(message)s")
     try:
         specs = {paper: load_spec(paper) for paper in args.papers}
