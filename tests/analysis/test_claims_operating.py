@@ -173,3 +173,31 @@ def test_the_simulation_sizes_the_follow_up_as_the_tool():
         assert row["seeds_follow_up"] == want
         sizes.add(int(want))
     assert len(sizes) >= 2
+
+
+def test_the_simulation_sizes_an_equivalence_follow_up_as_the_tool():
+    """After a pilot of 5 seeds, an equivalence claim's follow-up the tool plans equals the
+    simulation's: each side of TOST at its own conditional level given the pilot's q of that
+    side (the pilot's evidence counts, as it does in the combined test)."""
+    rng = np.random.default_rng(np.random.SeedSequence(44))
+    claim = Claim("equivalence", 1, 0.5, 0.0)
+    spec = {"id": "e", "claim": "a vs b", "metric": "accuracy", "method": "a", "baseline": "b",
+            "kind": "equivalence", "margin": 0.5, "where": {"target_epsilon": 1.0}}
+    stages = Stages(tuple(range(5)))
+    sizes = set()
+    for d in (0.0, 0.1, -0.15, 0.2, 0.05):
+        x = rng.normal(d, 0.3, 5)
+        row = adjust([{**evaluate_claim(spec, _records(x, 1.0, range(5)), stages=stages),
+                       "paper": "P"}])[0]
+        assert row["verdict"] == "underpowered"
+        q = [operating._q(x[None], np.zeros((1, 5), bool), null, alt, False, rng)[0]
+             for null, alt in operating._tests(claim)[:2]]
+        want = operating.hint_seeds(claim, 1, 5, np.array([[np.std(x, ddof=1)]]),
+                                    np.array([[q]]))[0]
+        assert row["seeds_follow_up"] == want
+        sizes.add(int(want))
+    assert len(sizes) >= 2
+    # the pilot's evidence lowers the follow-up: the same spreads with no evidence need more
+    none = operating.hint_seeds(claim, 1, 5, np.array([[0.3]]), np.array([[[0.5, 0.5]]]))[0]
+    some = operating.hint_seeds(claim, 1, 5, np.array([[0.3]]), np.array([[[0.01, 0.01]]]))[0]
+    assert some < none
