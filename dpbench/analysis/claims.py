@@ -125,6 +125,8 @@ class CellResult:
     p_against: float = math.nan   # H0: the gain is at least the target
     p_smaller: float = math.nan   # H0: the gain is at least the claimed effect
     q1_for: float = math.nan      # the pilot's one-sided p of the test for the claim
+    q1_low: float = math.nan      # equivalence: the pilot's one-sided p against the lower
+    q1_high: float = math.nan     # margin, and against the upper one
     pilot_margin: float = math.nan  # the pilot's 97.5 % lower bound of the gain less the target
     target: float = math.nan      # the effect, margin or threshold the verdict compares with
     paper: float = math.nan       # the claimed effect (the paper's, or the declared one)
@@ -192,6 +194,9 @@ def _test(cell: CellResult, target: float, claimed: float, *, equivalence: bool 
         cell.p_against = min(1.0, 2 * min(q(margin, "greater"), q(-margin, "less")))
         # a difference in either direction: two one-sided tests, Bonferroni (2.5 % in all)
         cell.p_smaller = min(1.0, 4 * min(q(0.0, "greater"), q(0.0, "less")))
+        if design:
+            cell.q1_low = q(-margin, "greater", first_only=True)
+            cell.q1_high = q(margin, "less", first_only=True)
     else:
         cell.p_for = min(1.0, 2 * q(target, "greater"))
         cell.p_against = min(1.0, 2 * q(target, "less"))
@@ -566,7 +571,9 @@ def seeds_hint(row: dict[str, Any], family: int = 1) -> dict[str, Any]:
     for name, effect in (("claimed", distance), ("midway", distance / 2),
                          ("sized", max(distance, shown))):
         if design:
-            n = follow_up_seeds(effect, sds, pilot, [c["q1_for"] for c in cells], family, tost,
+            q1 = [[c.get("q1_low", math.nan), c.get("q1_high", math.nan)] if tost
+                  else c["q1_for"] for c in cells]
+            n = follow_up_seeds(effect, sds, pilot, q1, family, tost,
                                 margin=distance if tost else None)
             if n is not None and any(c["exact"] for c in cells):
                 n = max(n, BOOTSTRAP_MIN_VALUES)

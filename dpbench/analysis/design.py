@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import integrate, special, stats
 
 from dpbench.analysis.stats import ALPHA, POWER, SKEW_SHIFT_MIN_N, hall_critical
 
@@ -53,7 +53,7 @@ STAGE1_WEIGHT = math.sqrt(0.1)
 PILOT_SHARE = float(2 * stats.norm.sf(stats.norm.isf(ALPHA / 4) / STAGE1_WEIGHT)) / (ALPHA / 2)
 #: the most seeds a cell's follow-up is ever sized to
 MAX_FOLLOW_UP = 1000
-#: the quadrature points over the standard deviation's posterior
+#: the points of the Gauss-Laguerre quadrature over the standard deviation's posterior
 QUADRATURE = 24
 #: the design's stage tests move the sample skewness by the full offset at every size
 #: (``stats.skew_offset`` with no floor): the pilot's 5 values weigh little, so the flattened
@@ -108,24 +108,76 @@ def design_p(q1: np.ndarray | float, q2: np.ndarray | float | None = None,
 def t_test_power(effect: float | np.ndarray, sigma: np.ndarray, n: np.ndarray,
                  level: np.ndarray | float, tost: bool = False,
                  margin: float | None = None,
-                 floor: float = SKEW_SHIFT_MIN_N) -> np.ndarray:
+                 floor: float = SKEW_SHIFT_MIN_N,
+                 level_far: np.ndarray | float | None = None) -> np.ndarray:
     """Return the power of the claims' one-sided test (``stats.one_sided_q``: the t test on
     Hall's transformation, its skewness moved to the conservative side) at one-sided
     ``level`` on ``n`` values when the true mean of a symmetric gain lies ``effect`` beyond
     the null (noncentral t at the transformed critical value, ``stats.hall_critical``,
-    broadcast over the arguments); with ``tost`` the TOST bound 1 - P(the near side misses)
-    - P(the far side misses), the near side ``effect`` inside the ``margin``, the far side
-    2 margin - effect (no ``margin``: both sides at ``effect``)."""
+    broadcast over the arguments); with ``tost`` the exact power of TOST within +-``margin``
+    (``tost_power``) at a true difference ``margin - effect`` (the near side ``effect``
+    inside its margin; no ``margin``: no difference, both sides at ``effect``), the near
+    side's test at ``level``, the far side's at ``level_far`` (None: ``level``)."""
     n = np.asarray(n, dtype=float)
-    crit = hall_critical(stats.t.isf(np.clip(level, 1e-300, 1 - 1e-16), n - 1), n,
-                         floor=floor)
+
+    def critical(at: np.ndarray | float) -> np.ndarray:
+        return hall_critical(stats.t.isf(np.clip(at, 1e-300, 1 - 1e-16), n - 1), n,
+                             floor=floor)
+
+    crit = critical(level)
     effect = np.asarray(effect, dtype=float)
-    power = stats.nct.sf(crit, n - 1, effect * np.sqrt(n) / sigma)
-    if not tost:
-        return power
-    far = power if margin is None else stats.nct.sf(crit, n - 1,
-                                                    (2 * margin - effect) * np.sqrt(n) / sigma)
-    return np.clip(power + far - 1, 0, 1)
+    if tost:
+        return tost_power(effect, effect if margin is None else 2 * margin - effect,
+                          sigma, n, crit, crit if level_far is None else critical(level_far))
+    return stats.nct.sf(crit, n - 1, effect * np.sqrt(n) / sigma)
+
+
+#: Gauss-Legendre nodes of the exact TOST power's integral over the sample SD, and the
+#: probability left out in each tail of the SD's distribution
+TOST_NODES = 48
+TOST_TAIL = 1e-12
+
+
+def tost_power(near: np.ndarray | float, far: np.ndarray | float, sigma: np.ndarray | float,
+               n: np.ndarray | float, crit: np.ndarray | float,
+               crit_far: np.ndarray | float | None = None) -> np.ndarray:
+    """Return the exact power of TOST on ``n`` normal values of SD ``sigma`` whose true mean
+    lies ``near`` inside one margin and ``far`` inside the other, the near side's one-sided
+    t test rejecting at t >= ``crit``, the far side's at t >= ``crit_far`` (None: ``crit``):
+    both reject exactly when the mean falls in (-m + crit_far s / sqrt(n), m - crit s /
+    sqrt(n)) (the near margin at +m), so with w = s / sigma ((n - 1) w^2 ~ chi^2_{n-1},
+    independent of the mean; Schuirmann 1987, Owen 1965)
+
+        power = E_w[max(0, Phi(sqrt(n) near / sigma - crit w)
+                            + Phi(sqrt(n) far / sigma - crit_far w) - 1)],
+
+    integrated over w from its 1e-12 quantile to the smaller of its 1 - 1e-12 quantile and
+    w* (where the interval closes: the integrand is smooth up to there) by Gauss-Legendre
+    (``scipy.integrate.fixed_quad``) against w's density (``scipy.stats.chi2``). Broadcast
+    over the arguments."""
+    n = np.asarray(n, dtype=float)
+    df = n - 1
+    a = np.sqrt(n) * np.asarray(near, dtype=float) / sigma
+    b = np.sqrt(n) * np.asarray(far, dtype=float) / sigma
+    crit = np.asarray(crit, dtype=float)
+    crit_far = crit if crit_far is None else np.asarray(crit_far, dtype=float)
+    a, b, crit, crit_far, df = np.broadcast_arrays(a, b, crit, crit_far, df)
+    both = crit + crit_far
+    with np.errstate(divide="ignore", invalid="ignore"):
+        closes = np.where(both > 0, (a + b) / both, np.inf)
+    lo = np.sqrt(stats.chi2.ppf(TOST_TAIL, df) / df)
+    hi = np.minimum(closes, np.sqrt(stats.chi2.isf(TOST_TAIL, df) / df))
+    width = np.maximum(hi - lo, 0.0)
+
+    def integrand(t: np.ndarray) -> np.ndarray:
+        w = lo[..., None] + width[..., None] * t
+        inside = (stats.norm.cdf(a[..., None] - crit[..., None] * w)
+                  + stats.norm.cdf(b[..., None] - crit_far[..., None] * w) - 1)
+        density = stats.chi2.pdf(df[..., None] * w ** 2, df[..., None]) * 2 * df[..., None] * w
+        return np.maximum(0.0, inside) * density
+
+    value, _ = integrate.fixed_quad(integrand, 0.0, 1.0, n=TOST_NODES)
+    return np.clip(width * value, 0.0, 1.0)
 
 
 def assurance(effect: float, sds: Sequence[float], pilot_n: Sequence[int] | int,
@@ -147,23 +199,40 @@ def _pilot(pilot_n: Sequence[int] | int, cells: int) -> np.ndarray:
     return np.broadcast_to(np.asarray(pilot_n, dtype=int), (cells,))
 
 
+def _posterior_scale(pilot: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return the nodes sigma / s and weights of the posterior expectation over sigma^2 =
+    (n - 1) s^2 / X, X ~ chi^2_{n-1}: generalised Gauss-Laguerre quadrature in X / 2
+    (``scipy.special.roots_genlaguerre``, weight x^(df / 2 - 1) e^-x; exact for polynomials
+    of degree 2 QUADRATURE - 1 in X)."""
+    df = max(1, pilot - 1)
+    x, w = special.roots_genlaguerre(QUADRATURE, df / 2 - 1)
+    return np.sqrt(df / (2 * x)), w / w.sum()
+
+
 def _assurance_many(effect: float | np.ndarray, sds: np.ndarray, pilot: np.ndarray,
                     n: np.ndarray, levels: np.ndarray, tost: bool,
                     margin: float | None = None,
                     floor: float = SKEW_SHIFT_MIN_N) -> np.ndarray:
     """Assurance for each row of ``sds`` / ``levels`` (rows x cells, or one row against every
-    n) at ``n`` (rows x 1)."""
+    n) at ``n`` (rows x 1). For TOST ``levels`` may carry a last axis of two, the levels of
+    the sides against the lower and the upper margin: a cell's power is then the smaller of
+    the two ways the true difference may lie (either side the near one)."""
     joint = np.ones(n.shape[0])
     effect = np.asarray(effect, dtype=float).reshape(-1, 1) if np.ndim(effect) else effect
     for c in range(sds.shape[1]):
         sd = sds[:, c]
-        u = (np.arange(QUADRATURE) + 0.5) / QUADRATURE
-        scale = np.sqrt((pilot[c] - 1) / stats.chi2.ppf(u, pilot[c] - 1))   # K
+        scale, weight = _posterior_scale(int(pilot[c]))                       # K
         sigma = sd[:, None] * scale[None]                                     # rows x K
         flat = ~(sd > 1e-12 * np.abs(effect).reshape(-1))   # no spread seen: no limit on n
         sigma = np.where(flat[:, None], 1.0, sigma)
-        power = t_test_power(effect, sigma, n, levels[:, c:c + 1], tost, margin,
-                             floor).mean(-1)
+        if levels.ndim == 3:   # TOST, a level a side
+            low, high = levels[:, c, 0:1], levels[:, c, 1:2]
+            power = np.minimum(
+                t_test_power(effect, sigma, n, low, True, margin, floor, high) @ weight,
+                t_test_power(effect, sigma, n, high, True, margin, floor, low) @ weight)
+        else:
+            power = t_test_power(effect, sigma, n, levels[:, c:c + 1], tost, margin,
+                                 floor) @ weight
         joint = joint * np.where(np.broadcast_to(flat, power.shape), 1.0, power)
     return joint
 
@@ -178,14 +247,16 @@ def seeds_for_assurance_many(effect: float | np.ndarray, sds: np.ndarray,
     max_n] whose assurance reaches ``power``, -1 beyond ``max_n`` (a bisection over all rows
     at once: the assurance grows with n)."""
     sds = np.atleast_2d(np.asarray(sds, dtype=float))
-    levels = np.broadcast_to(np.asarray(levels, dtype=float), sds.shape)
+    levels = np.asarray(levels, dtype=float)
+    sided = tost and levels.ndim == 3   # TOST with a level a side (rows x cells x 2)
+    levels = np.broadcast_to(levels, sds.shape + ((2,) if sided else ()))
     pilot = _pilot(pilot_n, sds.shape[1])
     rows = len(sds)
     effect = np.broadcast_to(np.asarray(effect, dtype=float), (rows,))
     valid = np.isfinite(effect) & (effect > 0)
     if not valid.any():
         return np.full(rows, -1)
-    finite = np.isfinite(sds).all(-1) & np.isfinite(levels).all(-1) & valid
+    finite = np.isfinite(sds).all(-1) & np.isfinite(levels).reshape(rows, -1).all(-1) & valid
     effect = np.where(valid, effect, 1.0)
     safe_sds, safe_levels = np.where(np.isfinite(sds), sds, 1.0), np.where(
         np.isfinite(levels), levels, 0.5)
@@ -240,7 +311,9 @@ def follow_up_seeds_many(effect: float | np.ndarray, sds: np.ndarray, pilot_n: S
     """Return for each row (rows x cells) the follow-up's seeds a cell at which the claim's
     test for it rejects with assurance ``power`` when the true effect lies ``effect`` beyond
     its null: each cell's stage 2 at its conditional level given the pilot's one-sided
-    ``q1`` (Holm's first level, alpha / family); -1 out of reach."""
+    ``q1`` (Holm's first level, alpha / family); for TOST ``q1`` rows x cells x 2, the
+    pilot's q of the sides against the lower and the upper margin, each side at its own
+    conditional level; -1 out of reach."""
     level = ALPHA / 2 / max(1, family)
     return seeds_for_assurance_many(effect, sds, pilot_n, conditional_level(q1, level),
                                     power, tost, 3, max_n, margin, STAGE_SKEW_FLOOR)

@@ -43,13 +43,15 @@ BOOTSTRAP_MIN = 6
 @dataclass(frozen=True)
 class Claim:
     """A claim of the simulation: its kind, cells, and its target and claimed effect in
-    units of the cells' standard deviation (equivalence: target = the margin)."""
+    units of the cells' standard deviation (equivalence: target = the margin); ``sds`` the
+    cells' own standard deviations where they differ."""
 
     kind: str = "superiority"   # superiority (also interaction, threshold), non_inferiority,
     cells: int = 1              # equivalence
     target: float = 0.5
     claimed: float = 1.0
     exact: bool = False         # the studentised bootstrap (steps savings)
+    sds: tuple[float, ...] | None = None   # each cell's standard deviation (None: all 1)
 
 
 def noise(dist: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -125,11 +127,11 @@ def _stage(claim: Claim, effect: float, rows: int, n: int, dist: str, failure: f
            ) -> tuple[list[list[np.ndarray]], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Draw one stage of a claim: per cell the elementary tests' q (rows), and per row the
     failures, the cells' spreads of observed values and the cells' q of the test for the
-    claim."""
+    claim (equivalence: rows x cells x 2, the sides against the lower and upper margin)."""
     qs, failed, sds, q_for = [], np.zeros(rows), np.zeros((rows, claim.cells)), []
     margins = np.zeros((rows, claim.cells))
     for c in range(claim.cells):
-        x = effect + noise(dist, (rows, n), rng)
+        x = effect + (claim.sds[c] if claim.sds else 1.0) * noise(dist, (rows, n), rng)
         f = rng.random((rows, n)) < failure
         qs.append([_q(x, f, null, alt, claim.exact, rng, floor) for null, alt in _tests(claim)])
         failed += f.sum(-1)
@@ -139,8 +141,10 @@ def _stage(claim: Claim, effect: float, rows: int, n: int, dist: str, failure: f
             k = (~f).sum(-1)
             margins[:, c] = (np.nanmean(kept, -1) - stats.t.ppf(0.975, k - 1) * sds[:, c]
                              / np.sqrt(k)) - claim.target
-        q_for.append(qs[-1][0] if claim.kind != "equivalence" else np.full(rows, np.nan))
-    return qs, failed, sds, np.stack(q_for, -1), margins
+        # the pilot's q of the test for the claim (equivalence: of both sides of TOST)
+        q_for.append(qs[-1][0] if claim.kind != "equivalence"
+                     else np.stack([qs[-1][0], qs[-1][1]], -1))
+    return qs, failed, sds, np.stack(q_for, 1), margins
 
 
 def _decide(family: list[Claim], q1: list, q2: list, failed: np.ndarray,
@@ -318,6 +322,7 @@ FAMILIES: dict[str, list[Claim]] = {
 #: one claim of each kind, for the power tables
 KINDS: dict[str, Claim] = {
     "superiority": Claim(), "every cell (4)": Claim(cells=4),
+    "every cell (4), one SD 4x": Claim(cells=4, sds=(1.0, 0.25, 0.25, 0.25)),
     "non-inferiority": Claim("non_inferiority", 1, -0.5, 0.0),
     "equivalence": Claim("equivalence", 1, 0.5, 0.0),
     "steps (bootstrap)": Claim(cells=2, exact=True),

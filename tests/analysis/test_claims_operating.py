@@ -106,7 +106,7 @@ def test_the_hint_delivers_the_power_it_states_fast():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in FAMILIES if n != "spectral denoising"])
+@pytest.mark.parametrize("name", list(FAMILIES))
 @pytest.mark.parametrize("dist", DISTS)
 def test_each_papers_family_keeps_its_error_budget(name, dist):
     """4000 papers a setting, every seed failing with probability 2 %, at the least
@@ -128,22 +128,28 @@ def test_each_papers_family_keeps_its_error_budget(name, dist):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "where"), [
-    ("superiority", "claimed"), ("superiority", "midway"), ("non-inferiority", "claimed"),
-    ("non-inferiority", "midway"), ("equivalence", "midway")])
+@pytest.mark.parametrize("where", ["claimed", "midway"])
+@pytest.mark.parametrize("name", [n for n, c in KINDS.items() if not c.exact])
 def test_the_hint_delivers_its_power(name, where):
-    """Delivered power within 0.80 +- 0.03 at the effect the hint is computed for (2000
-    pilots: a standard error of 0.009); equivalence at half the margin (TOST, each side at
-    its own distance from the margin). Equivalence at no difference (about 0.84: the TOST
-    bound) and "every cell" claims (about 0.98) are conservative, measured in the docs and
-    not held to 0.80 here."""
+    """Delivered power within 0.80 +- 0.03 plus two Monte Carlo standard errors (2000
+    pilots: 0.018) at the effect the hint is computed for, for every kind: superiority,
+    non-inferiority, equivalence at no difference and at half the margin (TOST's exact
+    power, each side at its own conditional level), and an "every cell" claim whose cells'
+    SDs differ (one 4x the others'). An "every cell" claim whose four cells share one SD gets
+    at least 0.80 (about 0.98): the follow-up is one size for every cell, sized on four
+    5-seed spreads that each may be the largest (docs/tuning-and-claims.md, "Seeds needed")."""
     rng = np.random.default_rng(np.random.SeedSequence([42, len(name), len(where)]))
     claim = KINDS[name]
     effect = claim.claimed if where == "claimed" else (claim.claimed + claim.target) / 2
     if claim.kind == "equivalence":
         effect = 0.0 if where == "claimed" else claim.target / 2
-    got = operating.delivered_power(claim, effect, 2000, rng)
-    assert abs(got["follow_up"] - 0.80) <= 0.03, got
+    draws = 2000
+    got = operating.delivered_power(claim, effect, draws, rng)
+    tolerance = 0.03 + 2 * math.sqrt(0.8 * 0.2 / draws)
+    if claim.cells > 1 and claim.sds is None:
+        assert got["follow_up"] >= 0.80 - tolerance, got
+    else:
+        assert abs(got["follow_up"] - 0.80) <= tolerance, got
 
 
 def test_the_simulation_sizes_the_follow_up_as_the_tool():
@@ -173,3 +179,31 @@ def test_the_simulation_sizes_the_follow_up_as_the_tool():
         assert row["seeds_follow_up"] == want
         sizes.add(int(want))
     assert len(sizes) >= 2
+
+
+def test_the_simulation_sizes_an_equivalence_follow_up_as_the_tool():
+    """After a pilot of 5 seeds, an equivalence claim's follow-up the tool plans equals the
+    simulation's: each side of TOST at its own conditional level given the pilot's q of that
+    side (the pilot's evidence counts, as it does in the combined test)."""
+    rng = np.random.default_rng(np.random.SeedSequence(44))
+    claim = Claim("equivalence", 1, 0.5, 0.0)
+    spec = {"id": "e", "claim": "a vs b", "metric": "accuracy", "method": "a", "baseline": "b",
+            "kind": "equivalence", "margin": 0.5, "where": {"target_epsilon": 1.0}}
+    stages = Stages(tuple(range(5)))
+    sizes = set()
+    for d in (0.0, 0.1, -0.15, 0.2, 0.05):
+        x = rng.normal(d, 0.3, 5)
+        row = adjust([{**evaluate_claim(spec, _records(x, 1.0, range(5)), stages=stages),
+                       "paper": "P"}])[0]
+        assert row["verdict"] == "underpowered"
+        q = [operating._q(x[None], np.zeros((1, 5), bool), null, alt, False, rng)[0]
+             for null, alt in operating._tests(claim)[:2]]
+        want = operating.hint_seeds(claim, 1, 5, np.array([[np.std(x, ddof=1)]]),
+                                    np.array([[q]]))[0]
+        assert row["seeds_follow_up"] == want
+        sizes.add(int(want))
+    assert len(sizes) >= 2
+    # the pilot's evidence lowers the follow-up: the same spreads with no evidence need more
+    none = operating.hint_seeds(claim, 1, 5, np.array([[0.3]]), np.array([[[0.5, 0.5]]]))[0]
+    some = operating.hint_seeds(claim, 1, 5, np.array([[0.3]]), np.array([[[0.01, 0.01]]]))[0]
+    assert some < none
