@@ -3,17 +3,13 @@ rank), ``dpbench-tune``'s trials, the audit and the tests."""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig
-from torch.utils.data import TensorDataset
 
 from dpbench.data import get_dataset_builder
 from dpbench.data.base import TaskData, carve_validation
@@ -45,36 +41,14 @@ def select_evaluation_split(data: TaskData, evaluation: Any) -> TaskData:
     return carve_validation(data, float(evaluation.get("validation_fraction", 0.15)))
 
 
-#: data sets already loaded in this process (``load_data``), by their settings; a sweep's
-#: seeds and an MIA cell's models of one data set read the same tensors
-_LOADED: dict[str, TaskData] = {}
-_LOADED_MAX = 4
-
-
 def load_data(cfg: DictConfig) -> TaskData:
     """Return the data set of a checked config with its own train and test splits (nothing
-    carved; ``build`` then applies ``evaluation.split``).
-
-    A data set of tensors (``TensorDataset`` splits) is loaded once per process for the
-    same settings: later calls get a new ``TaskData`` (its own lists and ``extras``) around
-    the same read-only tensors, which nothing writes into.
-    """
-    settings = settings_of(cfg.dataset, "name", "task")
-    key = json.dumps([cfg.dataset.name, settings, os.environ.get("DPBENCH_DATA_ROOT")],
-                     sort_keys=True, default=str)
-    data = _LOADED.get(key)
-    if data is None:
-        data = get_dataset_builder(cfg.dataset.name)(**settings)
-        if (isinstance(data.train, TensorDataset) and isinstance(data.test, TensorDataset)
-                and not data.extras):
-            if len(_LOADED) >= _LOADED_MAX:
-                _LOADED.pop(next(iter(_LOADED)))
-            _LOADED[key] = data
+    carved; ``build`` then applies ``evaluation.split``)."""
+    data = get_dataset_builder(cfg.dataset.name)(**settings_of(cfg.dataset, "name", "task"))
     if cfg.dataset.get("task") and cfg.dataset.task != data.task:
         raise ConfigError(f"dataset.task is {cfg.dataset.task!r} but {data.name} is a "
                           f"{data.task!r} data set")
-    return replace(data, class_names=list(data.class_names), notes=list(data.notes),
-                   extras=dict(data.extras))
+    return data
 
 
 def build(spec: RunSpec, run_dir: str | Path | None = None,
