@@ -433,3 +433,15 @@ def test_fixed_seed_cell_metrics_unchanged_by_the_ranked_bootstrap(monkeypatch):
                 assert got[attack][key] == pytest.approx(value, rel=0, abs=1e-12), (attack, key)
             else:
                 assert got[attack][key] == value, (attack, key)
+
+
+@pytest.mark.parametrize("attack", ["loss", "lira_offline", "lira_online"])
+def test_score_attacks_refuses_a_nan_model_output_in_one_line(attack):
+    out = _blown_up_outputs()
+    out.log_p_pool[0, 3] = np.nan
+    out.phi_pool[0, 3] = np.nan
+    settings = MIASettings(pool_size=120, population_size=60, targets=1, references=3,
+                           attacks=[attack], headline=attack, bootstrap=20)
+    with pytest.raises(TrainingDiverged, match=f"attack {attack} gave 1 non-finite score") as err:
+        score_attacks(out, settings, delta=1e-5)
+    assert "\n" not in str(err.value)

@@ -71,6 +71,16 @@ def target_members(out: ModelOutputs, targets: int, users: np.ndarray | None = N
                            for t in range(targets)])
 
 
+def require_finite(attack: str, scores: np.ndarray) -> None:
+    """Raise TrainingDiverged in one line if ``attack`` scored a NaN or an infinity (a
+    diverged model's outputs): the metrics rank scores, and a NaN has no rank."""
+    bad = int((~np.isfinite(scores)).sum())
+    if bad:
+        raise TrainingDiverged(f"dpbench-mia: attack {attack} gave {bad} non-finite score(s) "
+                               f"of {len(scores)} (NaN or infinite model outputs: a model "
+                               "diverged; lower the learning rate or raise the noise)")
+
+
 def score_attacks(out: ModelOutputs, settings: MIASettings, delta: float,
                   users: np.ndarray | None = None
                   ) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[np.ndarray, np.ndarray]],
@@ -92,6 +102,7 @@ def score_attacks(out: ModelOutputs, settings: MIASettings, delta: float,
                       for t in range(settings.targets)]
         scores = np.concatenate(per_target if users is None else
                                 [user_scores(attack, s, users) for s in per_target])
+        require_finite(attack, scores)
         rng = np.random.default_rng(stream_seed(settings.seed, "mia_metrics", i))
         results[attack] = attack_metrics(scores, members, delta=delta,
                                          confidence=settings.confidence,
