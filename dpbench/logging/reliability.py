@@ -50,12 +50,16 @@ class _Diagram:
 
     def __init__(self, confidence: list[float], accuracy: list[float], count: list[float],
                  title: str, ece: float | None) -> None:
+        import matplotlib
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
         lefts, acc, gap_bottom, gap, share = _bins(confidence, accuracy, count)
         width = 1.0 / len(count)
         self.n_bins = len(count)
+        # the settings it was drawn with (``copy`` and ``dict.__eq__`` read the stored values:
+        # reading rcParams["backend"] through the mapping would import pyplot)
+        self.style = matplotlib.rcParams.copy()
         self.fig = fig = Figure(figsize=(4, 5))
         FigureCanvasAgg(fig)
         top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
@@ -76,6 +80,13 @@ class _Diagram:
         bottom.set_xlim(0, 1)
         fig.subplots_adjust(left=0.17, right=0.96, top=0.93, bottom=0.1, hspace=0.08)
         self.top, self.bottom = top, bottom
+
+    def fits(self, n_bins: int) -> bool:
+        """Return whether a new figure for ``n_bins`` bins would be this one's layout (same
+        bins, same matplotlib settings)."""
+        import matplotlib
+
+        return n_bins == self.n_bins and dict.__eq__(matplotlib.rcParams, self.style) is True
 
     def redraw(self, confidence: list[float], accuracy: list[float], count: list[float],
                title: str, ece: float | None) -> None:
@@ -114,7 +125,7 @@ def reliability_png(confidence: list[float], accuracy: list[float], count: list[
     run (docs/engine.md, "Start-up"); the figure is kept and redrawn for the process's next
     diagram of as many bins (``_Diagram``)."""
     with _LOCK:
-        if _LAST and _LAST[0].n_bins == len(count):
+        if _LAST and _LAST[0].fits(len(count)):
             _LAST[0].redraw(confidence, accuracy, count, title, ece)
         else:
             _LAST[:] = [_Diagram(confidence, accuracy, count, title, ece)]

@@ -81,3 +81,27 @@ def test_a_kept_figure_redrawn_gives_the_bytes_of_a_new_one(tmp_path):
         kept.append(reliability._LAST[0])
         assert path.read_bytes() == _drawn_anew(conf, acc, count, title, ece)
     assert kept[0] is kept[6] and kept[7] is kept[8] and kept[6] is not kept[7]  # redrawn
+    # other matplotlib settings: a new figure, drawn with them
+    import matplotlib
+
+    conf, acc, count, title, ece = cases[-1]
+    with matplotlib.rc_context({"font.size": 13}):
+        path = reliability.plot_reliability(conf, acc, count, tmp_path / "r.png", title, ece)
+        assert reliability._LAST[0] is not kept[-1]
+        assert path.read_bytes() == _drawn_anew(conf, acc, count, title, ece)
+
+
+def test_drawing_imports_no_pyplot():
+    """The diagram is drawn without pyplot (its import and global figure list), redraws
+    included (a fresh process: another test may have imported it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from dpbench.logging.reliability import reliability_png\n"
+            "for a in (0.5, 0.4):\n"
+            "    reliability_png([0.5] * 10, [a] * 10, [1.0] * 10, 'run', 0.1)\n"
+            "print('matplotlib.pyplot' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "False"
