@@ -145,7 +145,8 @@ class Trainer:
                  fingerprint: str = "", collective: Collective | None = None,
                  engine_wrapper: Callable[[Engine], Engine] | None = None,
                  materialise: bool = False,
-                 streams: dict[str, torch.Generator] | None = None) -> None:
+                 streams: dict[str, torch.Generator] | None = None,
+                 epoch_epsilon: bool = True) -> None:
         self.method = method  # the frozen record; the loop calls its halves, built here
         self.halves = method.halves()
         self.mechanism, self.update = self.halves.mechanism, self.halves.update
@@ -154,6 +155,9 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.checkpoint = RunCheckpoint(self.run_dir, trainer)
         self.callbacks = callbacks or []
+        # False: a model whose per-epoch epsilons nobody reads (an MIA reference model: no
+        # folder, no callbacks) computes its epsilon at the last epoch only (``end_epoch``)
+        self.epoch_epsilon = epoch_epsilon
         self.device = resolve_device(trainer.device, self.collective)
         # privacy.unit=user: each row's user and the per-user cap (None: the unit is an example)
         self.user = (user_setup(privacy, trainer, method, data, seed,
@@ -410,8 +414,10 @@ class Trainer:
         """At an epoch's end (``seconds``: its time): epsilon, evaluation, checkpoint."""
         self.epoch, self.epoch_step = self.epoch + 1, 0
         self.wall_time_s += seconds
+        read = (self.epoch_epsilon or self.epoch == self.settings.epochs or self.callbacks
+                or self.run_dir is not None)
         row: dict[str, Any] = {"epoch": self.epoch, "step": self.step,
-                               "epsilon": self.epsilon()}
+                               "epsilon": self.epsilon() if read else None}
         if self.epoch == self.settings.epochs or self.epoch % self.settings.eval_every == 0:
             row.update(self._evaluated({"epoch": self.epoch, "step": self.step}))
         self.history.append(row)

@@ -164,3 +164,43 @@ def test_a_models_batches_through_the_pools_subsets_are_its_loaders_batches():
         for a, b in zip(mine, loaders):
             assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))
     assert torch.equal(ours.sampler_generator.get_state(), theirs.sampler_generator.get_state())
+
+
+def test_reference_models_compute_their_epsilon_at_the_last_epoch_only():
+    """A reference model's per-epoch epsilons reach no record (only the target's summary
+    does): it computes the epsilon of its last epoch only; everything else it does and
+    reports equals the same model computing every epoch's (post-processing skipped, nothing
+    else)."""
+    from torch.utils.data import Subset
+
+    from dpbench.audit.mia.models import _OnHalf
+    from dpbench.audit.mia.split import model_seed
+    from dpbench.experiment import build
+
+    def untimed(value):  # a summary without its clocks (wall time, the engine check's seconds)
+        if isinstance(value, dict):
+            return {k: untimed(v) for k, v in value.items()
+                    if k not in ("wall_time_s", "seconds", "time")}
+        return [untimed(v) for v in value] if isinstance(value, list) else value
+
+    spec = build_spec(mia_config(*CELL, "trainer.epochs=3"))
+    settings = mia_settings(spec.cfg)
+    pool, _ = pool_and_population(load_data(spec.cfg), settings)
+    masks = memberships(settings.seed, settings.models, len(pool))
+    trained = list(trained_models(spec, settings.models,
+                                  model_builder(spec, settings, pool, masks)))
+    target, _ = trained[0]
+    assert all(row["epsilon"] is not None for row in target.history)  # the record's history
+    for k, (reference, summary) in enumerate(trained[1:], start=1):
+        assert [row["epsilon"] is None for row in reference.history] == [True, True, False]
+        every = build(spec.with_seed(model_seed(settings.seed, k)), None, make_trainer=_OnHalf(
+            Subset(pool, np.flatnonzero(masks[k]).tolist()), epoch_epsilon=True))
+        full = every.fit()
+        assert all(row["epsilon"] is not None for row in every.history)
+        assert summary["epsilon"] == full["epsilon"] == reference.history[-1]["epsilon"]
+        same = lambda x, y: json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True)  # noqa: E731 - NaN bins
+        assert same([{**r, "epsilon": None} for r in reference.history],
+                    [{**r, "epsilon": None} for r in every.history])
+        assert reference.ledger.to_json() == every.ledger.to_json()
+        assert all(torch.equal(a, b) for a, b in zip(reference.params, every.params))
+        assert same(untimed({**summary, "history": None}), untimed({**full, "history": None}))

@@ -90,8 +90,9 @@ class _OnHalf:
     (and, in tests only, its noise reduced: ``noise_scale`` below 1)."""
 
     def __init__(self, train: Dataset, noise_scale: float = 1.0,
-                 users: np.ndarray | None = None) -> None:
+                 users: np.ndarray | None = None, epoch_epsilon: bool = True) -> None:
         self.train, self.noise_scale, self.users = train, noise_scale, users
+        self.epoch_epsilon = epoch_epsilon  # False: epsilon at the last epoch only
         self.data: TaskData | None = None
 
     def __call__(self, *, data: TaskData, **kwargs: Any) -> Trainer:
@@ -109,7 +110,7 @@ class _OnHalf:
                              extras=dict(data.extras))
         if self.users is not None:  # privacy.unit=user: the half's rows' users (users.py)
             self.data.extras[USERS_KEY] = self.users
-        trainer = Trainer(data=self.data, **kwargs)
+        trainer = Trainer(data=self.data, epoch_epsilon=self.epoch_epsilon, **kwargs)
         if trainer.data is not self.data:
             raise ConfigError("dpbench-mia reads raw inputs: set trainer.cache_frozen_prefix="
                               "off")
@@ -147,13 +148,15 @@ def model_builder(spec: RunSpec, settings: MIASettings, pool: Dataset,
                   masks: np.ndarray, users: np.ndarray | None = None
                   ) -> Callable[[int], Trainer]:
     """Return ``build_one(k)``: model k's Trainer (``experiment.build`` of its own seed on
-    the pool examples of its mask; with ``users``, each kept record's user), untrained."""
+    the pool examples of its mask; with ``users``, each kept record's user), untrained.
+    Only a target's summary reaches the record (its per-epoch history included): a reference
+    model computes its epsilon at its last epoch only."""
     from dpbench.experiment import build
 
     def build_one(k: int) -> Trainer:
         return build(spec.with_seed(model_seed(settings.seed, k)), None, make_trainer=_OnHalf(
             Subset(pool, np.flatnonzero(masks[k]).tolist()), settings.break_noise_scale,
-            None if users is None else users[masks[k]]))
+            None if users is None else users[masks[k]], epoch_epsilon=k < settings.targets))
     return build_one
 
 
