@@ -2,6 +2,7 @@
 re-simulated on the current code (``dpbench.analysis.operating.report``), dated.
 
     python scripts/claims_operating.py [--draws 4000] [--exact-draws 1000] [--power-draws 2000]
+        [--families NAME,...] [--truths target,mixed,claimed] [--kinds TEXT] [--no-power]
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from dpbench.analysis.operating import FAMILIES, report
+from dpbench.analysis.operating import FAMILIES, KINDS, report
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "generated" / "claims-operating.md"
 
@@ -39,13 +40,16 @@ def main() -> None:
                    help="comma-separated truths (target, mixed, claimed)")
     p.add_argument("--seed", type=int, default=40)
     p.add_argument("--no-power", action="store_true", help="leave out the delivered power")
+    p.add_argument("--kinds", default="", help="the delivered power only for the claim kinds "
+                   "whose name contains this text (default all)")
     args = p.parse_args()
     start = time.perf_counter()
     families = ({} if args.families == "none" else
                 {n: FAMILIES[n] for n in args.families.split(",")} if args.families else None)
     body = report(args.draws, seed=args.seed, exact_draws=args.exact_draws,
                   power_draws=args.power_draws, families=families, power=not args.no_power,
-                  which_truths=tuple(args.truths.split(",")))
+                  which_truths=tuple(args.truths.split(",")),
+                  kinds=tuple(k for k in KINDS if args.kinds in k) if args.kinds else None)
     minutes = (time.perf_counter() - start) / 60
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
