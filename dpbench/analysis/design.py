@@ -24,7 +24,9 @@ which cannot raise an error rate.
 The hint is an assurance (O'Hagan, Stevens & Campbell 2005): the power of the follow-up's
 test averaged over what the pilot says about each cell's standard deviation (sigma^2 ~
 (n - 1) s^2 / chi^2_{n - 1}, the posterior under the reference prior), rather than the power
-at one upper bound on it.
+at one upper bound on it. A claim of several cells shares one follow-up size, sized at the
+nominal assurance that delivers the target power at the pilot's spreads
+(``calibrated_assurance``: Beran's 1987 prepivoting).
 """
 
 from __future__ import annotations
@@ -404,7 +406,8 @@ def follow_up_seeds_many(effect: float | np.ndarray, sds: np.ndarray, pilot_n: S
     its null: each cell's stage 2 at its conditional level given the pilot's one-sided
     ``q1`` (Holm's first level, alpha / family); for TOST ``q1`` rows x cells x 2, the
     pilot's q of the sides against the lower and the upper margin, each side at its own
-    conditional level; -1 out of reach."""
+    conditional level; -1 out of reach. Several one-sided cells: at the calibrated nominal
+    assurance (``calibrated_assurance``)."""
     level = ALPHA / 2 / max(1, family)
     return seeds_for_assurance_many(effect, sds, pilot_n, conditional_level(q1, level),
                                     power, tost, 3, max_n, margin, STAGE_SKEW_FLOOR)
