@@ -29,8 +29,8 @@ from dpbench.analysis.design import (
     PILOT_SEEDS,
     STAGE_SKEW_FLOOR,
     design_p,
-    fixed_seeds,
     follow_up_seeds_many,
+    seeds_for_assurance_many,
 )
 from dpbench.analysis.stats import ALPHA, BOOTSTRAP_DRAWS, SKEW_SHIFT_MIN_N, one_sided_q
 from dpbench.analysis.verdicts import MIN_VALUES, cells_p, family_p
@@ -281,9 +281,9 @@ def delivered_power(claim: Claim, effect: float, draws: int, rng: np.random.Gene
         codes = _decide([claim], [q1_rows], [qs], np.zeros((len(rows), 1)),
                         np.full((len(rows), 1), 1.0))[:, 0]
         reproduced += list(codes == 0)
-    fixed = np.array([fixed_seeds(abs(distance), list(sd), pilot, tost=tost,
-                                  margin=claim.target if tost else None) or -1
-                      for sd in stage1[2][open_]])
+    # ``design.fixed_seeds`` for every row at once
+    fixed = seeds_for_assurance_many(abs(distance), stage1[2][open_], pilot, ALPHA / 2,
+                                     tost=tost, margin=claim.target if tost else None)
     fixed_hit = []
     for n in np.unique(fixed[fixed > 0]):
         count = int(np.sum(fixed == n))
