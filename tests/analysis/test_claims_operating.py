@@ -129,7 +129,11 @@ def test_each_papers_family_keeps_its_error_budget(name, dist):
 
 #: kinds whose delivered power is measured outside 0.80 +- 0.03 (docs/tuning-and-claims.md,
 #: "Operating characteristics"): held to the acceptance bound all the same, as known failures
-OUTSIDE: dict[tuple[str, str], str] = {}
+OUTSIDE: dict[tuple[str, str], str] = {
+    ("every cell (4)", where): "four equal SDs: 0.885 claimed, 0.881 midway (generated part "
+    "of 2026-12-03): the calibration at the pilot's spreads corrects only part of the "
+    "shared follow-up's excess (docs/tuning-and-claims.md, \"Seeds needed\")"
+    for where in ("claimed", "midway")}
 
 
 def _power_case(name: str, where: str):
