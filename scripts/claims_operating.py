@@ -2,6 +2,7 @@
 re-simulated on the current code (``dpbench.analysis.operating.report``), dated.
 
     python scripts/claims_operating.py [--draws 4000] [--exact-draws 1000] [--power-draws 2000]
+        [--families NAME,...] [--truths target,mixed,claimed] [--kinds 'KIND;KIND'] [--no-power]
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from dpbench.analysis.operating import FAMILIES, report
+from dpbench.analysis.operating import FAMILIES, KINDS, report
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "generated" / "claims-operating.md"
 
@@ -27,6 +28,17 @@ def _command(argv: list[str]) -> str:
     return " ".join(shown)
 
 
+def _kinds(names: str) -> tuple[str, ...] | None:
+    """Return the named kinds (None: every one), an unknown name a one-line error."""
+    if not names:
+        return None
+    chosen = tuple(n.strip() for n in names.split(";"))
+    unknown = [n for n in chosen if n not in KINDS]
+    if unknown:
+        raise SystemExit(f"--kinds: unknown kind {unknown[0]!r} (known: {', '.join(KINDS)})")
+    return chosen
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--draws", type=int, default=4000)
@@ -39,13 +51,16 @@ def main() -> None:
                    help="comma-separated truths (target, mixed, claimed)")
     p.add_argument("--seed", type=int, default=40)
     p.add_argument("--no-power", action="store_true", help="leave out the delivered power")
+    p.add_argument("--kinds", default="", help="the delivered power only for these claim "
+                   "kinds, their names separated by ';' (default all)")
     args = p.parse_args()
     start = time.perf_counter()
     families = ({} if args.families == "none" else
                 {n: FAMILIES[n] for n in args.families.split(",")} if args.families else None)
     body = report(args.draws, seed=args.seed, exact_draws=args.exact_draws,
                   power_draws=args.power_draws, families=families, power=not args.no_power,
-                  which_truths=tuple(args.truths.split(",")))
+                  which_truths=tuple(args.truths.split(",")),
+                  kinds=_kinds(args.kinds))
     minutes = (time.perf_counter() - start) / 60
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(

@@ -545,7 +545,9 @@ def seeds_hint(row: dict[str, Any], family: int = 1) -> dict[str, Any]:
     averaged over each cell's standard deviation as the pilot knows it, ``design``), at the
     claimed effect (twice the target; non-inferiority and equivalence: no difference;
     threshold: its tolerance beyond it) and at the midway effect (half that distance), the
-    test for the claim at Holm's first level (alpha / family), every cell jointly.
+    test for the claim at Holm's first level (alpha / family), every cell jointly (several
+    one-sided cells: at the nominal assurance calibrated to deliver POWER,
+    ``design.calibrated_assurance``).
 
     ``kind`` "follow-up" (a design before its follow-up: the follow-up's seeds a cell, each
     cell at its conditional level given the pilot), "fixed" (no design: the seeds of a fresh

@@ -24,7 +24,9 @@ which cannot raise an error rate.
 The hint is an assurance (O'Hagan, Stevens & Campbell 2005): the power of the follow-up's
 test averaged over what the pilot says about each cell's standard deviation (sigma^2 ~
 (n - 1) s^2 / chi^2_{n - 1}, the posterior under the reference prior), rather than the power
-at one upper bound on it.
+at one upper bound on it. A claim of several cells shares one follow-up size, sized at the
+nominal assurance that delivers the target power at the pilot's spreads
+(``calibrated_assurance``: Beran's 1987 prepivoting).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import integrate, special, stats
+from scipy.stats import qmc
 
 from dpbench.analysis.stats import ALPHA, POWER, SKEW_SHIFT_MIN_N, hall_critical
 
@@ -237,15 +240,99 @@ def _assurance_many(effect: float | np.ndarray, sds: np.ndarray, pilot: np.ndarr
     return joint
 
 
+#: the calibration of an "every cell" hint: its inner pilots (an unscrambled Sobol' set, so
+#: the hint is a deterministic function of the pilot), the nominal assurances it searches,
+#: and the follow-up sizes (ratios to a rough size) it evaluates them at
+CALIBRATION_PILOTS = 256
+CALIBRATION_LEVELS = np.linspace(0.3, 0.995, 140)
+CALIBRATION_SIZES = np.geomspace(1 / 64, 64, 96)
+#: the points of a cell's posterior power tabulated in log(effect sqrt(n) / s)
+CALIBRATION_TABLE = 801
+
+
+def _calibration_draws(pilot: np.ndarray) -> np.ndarray:
+    """The inner pilots' s / sigma (CALIBRATION_PILOTS x cells): chi quantiles of df = n - 1
+    at the points of an unscrambled Sobol' sequence (``scipy.stats.qmc.Sobol``), shifted half
+    a cell off the sequence's origin."""
+    cells = len(pilot)
+    u = qmc.Sobol(cells, scramble=False).random(CALIBRATION_PILOTS)   # a power of 2
+    u = (u + 0.5 / CALIBRATION_PILOTS) % 1.0
+    df = np.maximum(1, pilot - 1).astype(float)
+    return np.sqrt(stats.chi2.ppf(u, df) / df)
+
+
+def calibrated_assurance(effect: np.ndarray, sds: np.ndarray, pilot: np.ndarray,
+                         levels: np.ndarray, power: float = POWER) -> np.ndarray:
+    """Return, for each row of pilot spreads ``sds`` (rows x cells) and one-sided
+    ``levels``, the nominal assurance at which the every-cell hint delivers ``power`` were
+    the cells' SDs the pilot's spreads: Beran's (1987) prepivoting, a parametric bootstrap
+    calibration of the rule's nominal level.
+
+    One follow-up size serves every cell, and the hint's assurance (the product of the cells'
+    posterior assurances, ``_assurance_many``) follows the largest of the cells' spreads; it
+    delivers its nominal power when one cell's SD dominates and more when the SDs are alike.
+    The calibration measures that excess at the plug-in SDs s_c: inner pilots s*_bc = s_c
+    w_bc (w_bc the chi quantiles of ``_calibration_draws``), each sized by the rule at a
+    nominal assurance g, n*_b(g), and the rule's delivered power
+
+        D(g) = (1 / B) sum_b prod_c Phi(effect sqrt(n*_b(g)) / s_c - z_c),   z_c = Phi^-1(1 -
+        level_c),
+
+    the smallest-n crossing of the inner assurance A_b(n) = prod_c E_post Phi(effect sqrt(n)
+    / sigma - z_c) (the same posterior quadrature as the hint), both in the normal-theory
+    (known-SD) form and with n continuous, on a grid of sizes around the rough size
+    ((z + 1) max s / effect)^2, interpolated in log n. The answer solves D(g) = ``power``
+    (by interpolation over ``CALIBRATION_LEVELS``; D is made non-decreasing first). For one
+    cell the pivot n ~ s^2 makes D(g) = g, so the calibration changes nothing there."""
+    sds = np.asarray(sds, dtype=float)
+    rows, cells = sds.shape
+    levels = np.broadcast_to(np.asarray(levels, dtype=float), sds.shape)
+    effect = np.broadcast_to(np.asarray(effect, dtype=float), (rows,))
+    w = _calibration_draws(np.asarray(pilot))                                  # B x cells
+    nodes = [_posterior_scale(int(p)) for p in pilot]
+    scale = np.stack([s for s, _ in nodes])                                    # cells x K
+    weight = np.stack([k for _, k in nodes])                                   # cells x K
+    z = stats.norm.isf(np.clip(levels, 1e-300, 1 - 1e-16))                     # rows x cells
+    rough = ((z.max(-1) + 1.0) * sds.max(-1) / effect) ** 2
+    log_g = np.log(CALIBRATION_SIZES)
+    # a cell's posterior power is a function of x = effect sqrt(n) / s alone: tabulated in
+    # log x and interpolated at the inner pilots' x
+    log_x = np.linspace(-8.0, 8.0, CALIBRATION_TABLE)
+    x = np.exp(log_x)
+    out = np.empty(rows)
+    for r in range(rows):
+        table = (special.ndtr(x[None, :, None] / scale[:, None] - z[r][:, None, None])
+                 * weight[:, None]).sum(-1)                                    # cells x X
+        root = effect[r] * np.sqrt(rough[r] * CALIBRATION_SIZES)              # J
+        truth = np.log(np.maximum(special.ndtr(
+            root[:, None] / sds[r] - z[r]).prod(-1), 1e-300))                  # J
+        at = np.log(root[None, :, None] / (sds[r] * w)[:, None, :])            # B x J x cells
+        inner = np.stack([np.interp(at[..., c], log_x, table[c]) for c in range(cells)],
+                         -1).prod(-1)                                          # B x J
+        inner = np.maximum.accumulate(inner, axis=-1)
+        # each inner pilot's size at each nominal level: the first crossing, interpolated
+        j = np.clip((inner[:, :, None] < CALIBRATION_LEVELS).sum(1), 1, len(log_g) - 1)
+        a0 = np.take_along_axis(inner, j - 1, 1)
+        a1 = np.take_along_axis(inner, j, 1)
+        frac = np.clip((CALIBRATION_LEVELS - a0) / np.maximum(a1 - a0, 1e-300), 0.0, 1.0)
+        n_b = log_g[j - 1] + frac * (log_g[j] - log_g[j - 1])                  # B x L
+        delivered = np.exp(np.interp(n_b, log_g, truth)).mean(0)
+        out[r] = np.interp(power, np.maximum.accumulate(delivered), CALIBRATION_LEVELS)
+    return out
+
+
 def seeds_for_assurance_many(effect: float | np.ndarray, sds: np.ndarray,
                              pilot_n: Sequence[int] | int,
                              levels: np.ndarray, power: float = POWER, tost: bool = False,
                              min_n: int = 2, max_n: int = MAX_FOLLOW_UP,
                              margin: float | None = None,
-                             floor: float = SKEW_SHIFT_MIN_N) -> np.ndarray:
+                             floor: float = SKEW_SHIFT_MIN_N,
+                             calibrate: bool = True) -> np.ndarray:
     """Return for each row of ``sds`` and ``levels`` (rows x cells) the smallest n in [min_n,
     max_n] whose assurance reaches ``power``, -1 beyond ``max_n`` (a bisection over all rows
-    at once: the assurance grows with n)."""
+    at once: the assurance grows with n). A one-sided claim of several cells (``calibrate``,
+    not TOST) is sized at the nominal assurance that delivers ``power`` at the pilot's
+    spreads (``calibrated_assurance``)."""
     sds = np.atleast_2d(np.asarray(sds, dtype=float))
     levels = np.asarray(levels, dtype=float)
     sided = tost and levels.ndim == 3   # TOST with a level a side (rows x cells x 2)
@@ -261,9 +348,15 @@ def seeds_for_assurance_many(effect: float | np.ndarray, sds: np.ndarray,
     safe_sds, safe_levels = np.where(np.isfinite(sds), sds, 1.0), np.where(
         np.isfinite(levels), levels, 0.5)
 
+    target = np.full(rows, float(power))
+    spread = finite & (safe_sds > 1e-12 * np.abs(effect)[:, None]).all(-1)
+    if calibrate and not tost and sds.shape[1] > 1 and spread.any():
+        target[spread] = calibrated_assurance(effect[spread], safe_sds[spread], pilot,
+                                              safe_levels[spread], power)
+
     def reaches(n: np.ndarray) -> np.ndarray:
         return _assurance_many(effect, safe_sds, pilot, n[:, None].astype(float),
-                               safe_levels, tost, margin, floor) >= power
+                               safe_levels, tost, margin, floor) >= target
 
     lo = np.full(rows, max(2, min_n))
     hi = np.full(rows, max_n)
@@ -313,7 +406,8 @@ def follow_up_seeds_many(effect: float | np.ndarray, sds: np.ndarray, pilot_n: S
     its null: each cell's stage 2 at its conditional level given the pilot's one-sided
     ``q1`` (Holm's first level, alpha / family); for TOST ``q1`` rows x cells x 2, the
     pilot's q of the sides against the lower and the upper margin, each side at its own
-    conditional level; -1 out of reach."""
+    conditional level; -1 out of reach. Several one-sided cells: at the calibrated nominal
+    assurance (``calibrated_assurance``)."""
     level = ALPHA / 2 / max(1, family)
     return seeds_for_assurance_many(effect, sds, pilot_n, conditional_level(q1, level),
                                     power, tost, 3, max_n, margin, STAGE_SKEW_FLOOR)

@@ -127,17 +127,31 @@ def test_each_papers_family_keeps_its_error_budget(name, dist):
         assert rates["any_wrong"] <= total, rates
 
 
+#: kinds whose delivered power is measured outside 0.80 +- 0.03 (docs/tuning-and-claims.md,
+#: "Operating characteristics"): held to the acceptance bound all the same, as known failures
+OUTSIDE: dict[tuple[str, str], str] = {
+    ("every cell (4)", where): "four equal SDs: 0.885 claimed, 0.881 midway (generated part "
+    "of 2026-12-03): the calibration at the pilot's spreads corrects only part of the "
+    "shared follow-up's excess (docs/tuning-and-claims.md, \"Seeds needed\")"
+    for where in ("claimed", "midway")}
+
+
+def _power_case(name: str, where: str):
+    marks = ([pytest.mark.xfail(strict=True, reason=OUTSIDE[name, where])]
+             if (name, where) in OUTSIDE else [])
+    return pytest.param(name, where, marks=marks, id=f"{name}-{where}")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("where", ["claimed", "midway"])
-@pytest.mark.parametrize("name", [n for n, c in KINDS.items() if not c.exact])
+@pytest.mark.parametrize(("name", "where"), [_power_case(n, w) for n, c in KINDS.items()
+                                             if not c.exact for w in ("claimed", "midway")])
 def test_the_hint_delivers_its_power(name, where):
     """Delivered power within 0.80 +- 0.03 plus two Monte Carlo standard errors (2000
     pilots: 0.018) at the effect the hint is computed for, for every kind: superiority,
     non-inferiority, equivalence at no difference and at half the margin (TOST's exact
-    power, each side at its own conditional level), and an "every cell" claim whose cells'
-    SDs differ (one 4x the others'). An "every cell" claim whose four cells share one SD gets
-    at least 0.80 (about 0.98): the follow-up is one size for every cell, sized on four
-    5-seed spreads that each may be the largest (docs/tuning-and-claims.md, "Seeds needed")."""
+    power, each side at its own conditional level), and "every cell" claims of four cells
+    with equal SDs, one SD 4x the others', and three other patterns (the hint's nominal
+    assurance calibrated at the pilot's spreads, ``design.calibrated_assurance``)."""
     rng = np.random.default_rng(np.random.SeedSequence([42, len(name), len(where)]))
     claim = KINDS[name]
     effect = claim.claimed if where == "claimed" else (claim.claimed + claim.target) / 2
@@ -146,10 +160,7 @@ def test_the_hint_delivers_its_power(name, where):
     draws = 2000
     got = operating.delivered_power(claim, effect, draws, rng)
     tolerance = 0.03 + 2 * math.sqrt(0.8 * 0.2 / draws)
-    if claim.cells > 1 and claim.sds is None:
-        assert got["follow_up"] >= 0.80 - tolerance, got
-    else:
-        assert abs(got["follow_up"] - 0.80) <= tolerance, got
+    assert abs(got["follow_up"] - 0.80) <= tolerance, got
 
 
 def test_the_simulation_sizes_the_follow_up_as_the_tool():
