@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpbench.analysis.doc_block import splice
 from dpbench.analysis.stats import ALPHA, sd_upper_bound, seeds_for_power
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "tuning-and-claims.md"
@@ -87,10 +88,7 @@ def main() -> None:
                   "(`scripts/docs_claims_table.py`, `old_hint`):\n\n"
                   + comparison(json.loads(rows_file.read_text())))
     block += END
-    doc = args.doc.read_text()
-    head, rest = doc.split(START, 1)
-    _, tail = rest.split(END, 1)
-    args.doc.write_text(head + block + tail)
+    args.doc.write_text(splice(args.doc.read_text(), block, START, END))
 
 
 if __name__ == "__main__":

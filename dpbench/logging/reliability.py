@@ -22,9 +22,9 @@ DIAGRAM_NAME = "reliability.png"
 
 
 def _bins(confidence: list[float], accuracy: list[float], count: list[float]
-          ) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
-    """Return the bars' (lefts, accuracy, gap bottoms, gaps, shares); an empty bin is drawn
-    as nothing (zero heights)."""
+          ) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Return the bars' (lefts, accuracy, gaps, shares); a gap bar starts at its bin's
+    accuracy; an empty bin is drawn as nothing (zero heights)."""
     n_bins = len(count)
     width = 1.0 / n_bins
     lefts = [k * width for k in range(n_bins)]
@@ -32,7 +32,7 @@ def _bins(confidence: list[float], accuracy: list[float], count: list[float]
     acc = [0.0 if e else a for e, a in zip(empty, accuracy)]
     conf = [0.0 if e else c for e, c in zip(empty, confidence)]
     total = max(sum(count), 1.0)
-    return lefts, acc, acc, [c - a for c, a in zip(conf, acc)], [c / total for c in count]
+    return lefts, acc, [c - a for c, a in zip(conf, acc)], [c / total for c in count]
 
 
 def _title(title: str, ece: float | None) -> str:
@@ -54,7 +54,7 @@ class _Diagram:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
-        lefts, acc, gap_bottom, gap, share = _bins(confidence, accuracy, count)
+        lefts, acc, gap, share = _bins(confidence, accuracy, count)
         width = 1.0 / len(count)
         self.n_bins = len(count)
         # the settings it was drawn with (``copy`` and ``dict.__eq__`` read the stored values:
@@ -65,7 +65,7 @@ class _Diagram:
         top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
         self.acc_bars = top.bar(lefts, acc, width=width, align="edge", edgecolor="black",
                                 label="accuracy")
-        self.gap_bars = top.bar(lefts, gap, bottom=gap_bottom, width=width, align="edge",
+        self.gap_bars = top.bar(lefts, gap, bottom=acc, width=width, align="edge",
                                 color="red", alpha=0.3, edgecolor="red",
                                 label="gap to confidence")
         top.plot([0, 1], [0, 1], "k--", linewidth=1)
@@ -91,9 +91,9 @@ class _Diagram:
     def redraw(self, confidence: list[float], accuracy: list[float], count: list[float],
                title: str, ece: float | None) -> None:
         """Show other bins of the same number: what ``__init__`` would have drawn for them."""
-        _, acc, gap_bottom, gap, share = _bins(confidence, accuracy, count)
+        _, acc, gap, share = _bins(confidence, accuracy, count)
         for bars, bottoms, heights in ((self.acc_bars, None, acc),
-                                       (self.gap_bars, gap_bottom, gap),
+                                       (self.gap_bars, acc, gap),
                                        (self.share_bars, None, share)):
             for k, (rect, height) in enumerate(zip(bars.patches, heights)):
                 low = 0.0 if bottoms is None else bottoms[k]
