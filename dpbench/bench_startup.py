@@ -8,7 +8,9 @@ Three figures, each from fresh ``dpbench`` processes (the console script beside 
 - a sweep of ``--seeds`` seeds of the demo (``dpbench -m seed=0,...,K-1 logger=none``): its
   wall and CPU time and the shares of them spent training, each job's training (its
   ``Trainer.fit``: the steps, the evaluations, the checkpoints and records) read from the
-  ``trained in ... s (CPU ... s), after the job's set-up of ...`` line of its ``run.log``.
+  ``trained in ... s (CPU ... s), after the job's set-up of ...`` line of its ``run.log``;
+- the floor under the first two: a fresh Python importing only the libraries the demo imports
+  before its first step (``FLOOR_MODULES``), nothing of dpbench (median of ``--repeats``).
 
 The load average before and after is printed with the figures (the machine may be shared),
 and the CPU seconds of ``--help`` and of the sweep, which a shared machine inflates less than
@@ -86,6 +88,33 @@ def _run(args: list[str], cwd: Path, command: list[str] | None = None) -> float:
     if proc.returncode != 0:
         raise SystemExit(f"dpbench {' '.join(args)} failed: {proc.stderr[-2000:]}")
     return began
+
+
+#: the libraries the demo imports before its first training step: torch; Hydra and OmegaConf
+#: (the composition); Opacus (its Poisson sampler and module validator; importing any part
+#: runs its package's ``__init__``, which imports all of it); dp-accounting and scipy.stats
+#: (the calibration); scikit-learn's datasets (the digits loader); ``torch._dynamo``, which
+#: ``torch.optim`` imports at its first optimiser. ``tests/test_startup.py`` checks that a
+#: demo run imports each of them.
+FLOOR_MODULES = ("torch", "hydra", "omegaconf", "opacus", "dp_accounting", "scipy.stats",
+                 "sklearn.datasets", "torch._dynamo")
+FLOOR = "import importlib\nfor name in {modules!r}:\n    importlib.import_module(name)\n"
+
+
+def floor_seconds(cwd: Path, repeats: int) -> tuple[float, float]:
+    """Return the median wall and CPU seconds of a fresh Python importing ``FLOOR_MODULES``
+    (this Python, the environment a run gets): what no first step or sweep can go below."""
+    command = [sys.executable, "-c", FLOOR.format(modules=FLOOR_MODULES)]
+    walls, cpus = [], []
+    for _ in range(repeats):
+        began, cpu = time.perf_counter(), _cpu()
+        proc = subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"importing {', '.join(FLOOR_MODULES)} failed: "
+                             f"{proc.stderr[-2000:]}")
+        walls.append(time.perf_counter() - began)
+        cpus.append(_cpu() - cpu)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 #: the console scripts besides ``dpbench`` whose ``--help`` is measured (``--scripts``)
@@ -174,7 +203,7 @@ def profile_shares(cwd: Path, seeds: int) -> dict[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=16, help="seeds in the sweep (K)")
-    p.add_argument("--repeats", type=int, default=3, help="runs of dpbench --help")
+    p.add_argument("--repeats", type=int, default=3, help="runs of dpbench --help and of the floor")
     p.add_argument("--profile", action="store_true", help="profile the sweep in CPU time")
     p.add_argument("--scripts", action="store_true",
                    help="only the other console scripts' --help, wall and CPU")
@@ -188,6 +217,7 @@ def main() -> None:
             shares = profile_shares(cwd, args.seeds)
         else:
             help_s, help_cpu = help_seconds(cwd, args.repeats)
+            floor_wall, floor_cpu = floor_seconds(cwd, args.repeats)
             first = first_step_seconds(cwd)
             sweep = sweep_share(cwd, args.seeds)
     load_after = os.getloadavg()[0]
@@ -211,6 +241,9 @@ def main() -> None:
     print(f"| `dpbench --help`, wall / CPU (median of {args.repeats}) | {help_s:.2f} s / "
           f"{help_cpu:.2f} s |")
     print(f"| the demo: command start to first training step | {first:.2f} s |")
+    print(f"| the floor: a fresh Python importing the libraries the demo imports before its "
+          f"first step, wall / CPU (median of {args.repeats}) | {floor_wall:.2f} s / "
+          f"{floor_cpu:.2f} s |")
     k = args.seeds
     print(f"| {k}-seed sweep of the demo: wall / CPU | {sweep['wall']:.1f} s / "
           f"{sweep['cpu']:.1f} s |")

@@ -83,6 +83,17 @@ def test_a_digits_run_imports_only_what_it_needs(tmp_path):
     assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "completed"
 
 
+def test_the_import_floor_is_what_a_run_imports(tmp_path):
+    """``bench_startup``'s floor imports only libraries a demo run imports too, so it never
+    overstates what a first step or a sweep must pay."""
+    from dpbench.bench_startup import FLOOR_MODULES
+
+    imported = _imported(["logger=none", "trainer.epochs=1", "trainer.progress=false",
+                          f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
+                         modules=FLOOR_MODULES)
+    assert imported == sorted(FLOOR_MODULES)
+
+
 #: counts Hydra's compositions (``load_configuration``) in a fresh ``dpbench`` process
 COUNT_PROBE = """
 import runpy, sys
