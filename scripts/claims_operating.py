@@ -8,6 +8,7 @@ re-simulated on the current code (``dpbench.analysis.operating.report``), dated.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -18,14 +19,15 @@ OUT = Path(__file__).resolve().parents[1] / "docs" / "generated" / "claims-opera
 
 
 def _command(argv: list[str]) -> str:
-    """Return the options as given, an ``--out`` outside the repository named by its file
-    name only (the header never records a machine path)."""
+    """Return the options as given, quoted for a POSIX shell (``shlex.join``: a family name
+    with a space pastes back as one argument), an ``--out`` outside the repository named by
+    its file name only (the header never records a machine path)."""
     shown, repo = list(argv), OUT.parents[2]
     for i, arg in enumerate(shown[:-1]):
         if arg == "--out":
             out = Path(shown[i + 1]).resolve()
             shown[i + 1] = str(out.relative_to(repo) if out.is_relative_to(repo) else out.name)
-    return " ".join(shown)
+    return shlex.join(shown)
 
 
 def _kinds(names: str) -> tuple[str, ...] | None:

@@ -7,6 +7,7 @@ under ``slow``)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -218,3 +219,19 @@ def test_the_simulation_sizes_an_equivalence_follow_up_as_the_tool():
     none = operating.hint_seeds(claim, 1, 5, np.array([[0.3]]), np.array([[[0.5, 0.5]]]))[0]
     some = operating.hint_seeds(claim, 1, 5, np.array([[0.3]]), np.array([[[0.01, 0.01]]]))[0]
     assert some < none
+
+
+def test_the_generated_header_pastes_back_into_a_shell(tmp_path):
+    """``scripts/claims_operating.py`` records its options quoted, so a family name with a
+    space is one argument again when the header's command is pasted into a shell."""
+    import importlib.util
+    import shlex
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "claims_operating.py"
+    spec = importlib.util.spec_from_file_location("claims_operating_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    argv = ["--families", "DP-aware AdaLN-Zero", "--kinds", "every cell (4);equivalence",
+            "--out", str(tmp_path / "op.md")]
+    shown = script._command(argv)
+    assert shlex.split(shown) == [*argv[:-1], "op.md"]
