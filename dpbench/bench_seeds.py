@@ -13,6 +13,10 @@ both alike; the ratio is the median over rounds.
 by ``dpbench-mia``: 1 target and R reference models, ``conf/mia/default.yaml``'s pool): one
 ``python -m dpbench.audit.mia`` process with each model trained alone, and one with all
 R + 1 models trained together; its figure is models per CPU-minute.
+
+Each round also times the floor (``bench_startup.floor_command``: a fresh Python importing
+only the libraries a run imports before its first step). Alone / floor is the most any
+grouping of that cell could gain: a sweep that paid nothing but those imports.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from dpbench.bench_startup import floor_command
 
 #: the demo cell, quiet: no W&B, no progress bar (``make demo`` runs the first seed of it)
 DEMO_CELL = ("logger=none", "trainer.progress=false")
@@ -89,6 +95,7 @@ def _rounds(run_arm: Callable[[int, Path], tuple[float, float, int]], count: int
                     raise RuntimeError(f"{what} with trainer.seeds_at_once={arm} completed "
                                        f"{completed} of {count}")
                 row[f"cpu_{arm}"], row[f"wall_{arm}"] = cpu, wall
+            row["cpu_floor"], row["wall_floor"] = _timed(floor_command(), Path(tmp))
             out.append(row)
     return out
 
@@ -110,7 +117,8 @@ def bench_mia(references: int, rounds: int) -> list[dict[str, float]]:
 def print_seeds_table(seeds: int, at_once: int, rounds: list[dict[str, float]],
                       cell: str = "demo (digits mlp dpsgd eps3)", unit: str = "seeds") -> None:
     """Print ``unit`` (seeds, or an MIA cell's models) per CPU-minute of both arms and their
-    ratio (medians over rounds)."""
+    ratio (medians over rounds), then, where the rounds timed it, the floor's row: the most
+    any grouping could gain, alone / floor (median over rounds)."""
     print(f"\n| cell | trainer.seeds_at_once | {unit} | CPU s (median) | wall s (median) "
           f"| {unit} / CPU-minute | vs alone |")
     print("|---|---|---|---|---|---|---|")
@@ -122,3 +130,11 @@ def print_seeds_table(seeds: int, at_once: int, rounds: list[dict[str, float]],
         spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
         print(f"| {cell} | {arm} | {seeds} | {cpu:.1f} | {wall:.1f} | "
               f"{60 * seeds / cpu:.2f} | {alone / cpu:.2f}x{spread} |", flush=True)
+    if all("cpu_floor" in r for r in rounds):
+        cpu = statistics.median(r["cpu_floor"] for r in rounds)
+        wall = statistics.median(r["wall_floor"] for r in rounds)
+        ceilings = [r["cpu_1"] / r["cpu_floor"] for r in rounds]
+        spread = f" ({min(ceilings):.2f}-{max(ceilings):.2f})" if len(ceilings) > 1 else ""
+        print(f"| the floor: the libraries a run imports, nothing else | — | — | {cpu:.1f} | "
+              f"{wall:.1f} | — | at most {statistics.median(ceilings):.2f}x{spread} |",
+              flush=True)

@@ -101,10 +101,15 @@ FLOOR_MODULES = ("torch", "hydra", "omegaconf", "opacus", "dp_accounting", "scip
 FLOOR = "import importlib\nfor name in {modules!r}:\n    importlib.import_module(name)\n"
 
 
+def floor_command() -> list[str]:
+    """Return the command of the floor: this Python importing ``FLOOR_MODULES``."""
+    return [sys.executable, "-c", FLOOR.format(modules=FLOOR_MODULES)]
+
+
 def floor_seconds(cwd: Path, repeats: int) -> tuple[float, float]:
     """Return the median wall and CPU seconds of a fresh Python importing ``FLOOR_MODULES``
     (this Python, the environment a run gets): what no first step or sweep can go below."""
-    command = [sys.executable, "-c", FLOOR.format(modules=FLOOR_MODULES)]
+    command = floor_command()
     walls, cpus = [], []
     for _ in range(repeats):
         began, cpu = time.perf_counter(), _cpu()

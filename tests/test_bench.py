@@ -134,6 +134,22 @@ def test_the_seeds_table_reports_seeds_per_cpu_minute_and_the_median_ratio(capsy
             "3.00x |") in out
 
 
+def test_the_seeds_table_bounds_any_grouping_by_the_floor(capsys):
+    """Rounds that timed the floor (the libraries a run imports, alone) add its row: alone /
+    floor, the most any grouping of the cell could gain (median over rounds, their spread)."""
+    from dpbench.bench_seeds import print_seeds_table
+
+    rounds = [{"cpu_1": 60.0, "wall_1": 70.0, "cpu_16": 20.0, "wall_16": 25.0,
+               "cpu_floor": 15.0, "wall_floor": 16.0},
+              {"cpu_1": 64.0, "wall_1": 75.0, "cpu_16": 32.0, "wall_16": 40.0,
+               "cpu_floor": 32.0, "wall_floor": 33.0}]
+    print_seeds_table(16, 16, rounds)
+    floor = [line for line in capsys.readouterr().out.splitlines() if "the floor" in line]
+    # median floor CPU 23.5 s; per-round ceilings 60 / 15 = 4.00 and 64 / 32 = 2.00
+    assert floor == ["| the floor: the libraries a run imports, nothing else | — | — | 23.5 | "
+                     "24.5 | — | at most 3.00x (2.00-4.00) |"]
+
+
 def test_the_users_table_times_per_user_steps_against_hooks_per_user(capsys):
     """``--users K``: each mode clips users of K rows (engine.clipped_user_sum), a row per
     mode with its ratio to the non-private step and to hooks per user."""
