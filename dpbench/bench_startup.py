@@ -1,6 +1,7 @@
 """Measure what a run costs besides its training, the way a user runs ``dpbench``.
 
-Three figures, each from fresh ``dpbench`` processes (the console script beside this Python):
+Four figures, each from fresh processes (``dpbench``, the console script beside this Python;
+the floor: this Python itself):
 
 - ``dpbench --help``: wall time (median of ``--repeats``);
 - the demo (``dpbench logger=none``): seconds from the command starting to its first training
