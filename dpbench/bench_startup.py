@@ -87,7 +87,8 @@ def _run(args: list[str], cwd: Path, command: list[str] | None = None) -> float:
     proc = subprocess.run((command or _command()) + args, cwd=cwd, env=_env(),
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"dpbench {' '.join(args)} failed: {proc.stderr[-2000:]}")
+        name = Path(command[0]).name if command else "dpbench"
+        raise SystemExit(f"{name} {' '.join(args)} failed: {proc.stderr[-2000:]}")
     return began
 
 
@@ -110,14 +111,16 @@ def floor_command() -> list[str]:
 def floor_seconds(cwd: Path, repeats: int) -> tuple[float, float]:
     """Return the median wall and CPU seconds of a fresh Python importing ``FLOOR_MODULES``
     (this Python, the environment a run gets): what no first step or sweep can go below."""
-    command = floor_command()
+    return _median_seconds(floor_command(), [], cwd, repeats)
+
+
+def _median_seconds(command: list[str], args: list[str], cwd: Path,
+                    repeats: int) -> tuple[float, float]:
+    """Return the median wall and CPU seconds of ``repeats`` fresh runs of ``command args``."""
     walls, cpus = [], []
     for _ in range(repeats):
         began, cpu = time.perf_counter(), _cpu()
-        proc = subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"importing {', '.join(FLOOR_MODULES)} failed: "
-                             f"{proc.stderr[-2000:]}")
+        _run(args, cwd, command)
         walls.append(time.perf_counter() - began)
         cpus.append(_cpu() - cpu)
     return statistics.median(walls), statistics.median(cpus)
@@ -130,14 +133,8 @@ SCRIPTS = ("dpbench-audit", "dpbench-mia", "dpbench-report", "dpbench-tune", "dp
 
 def help_seconds(cwd: Path, repeats: int, script: str = "dpbench") -> tuple[float, float]:
     """Return the median wall and CPU seconds of ``<script> --help``."""
-    command = [str(Path(_command()[0]).with_name(script))]
-    walls, cpus = [], []
-    for _ in range(repeats):
-        began, cpu = time.perf_counter(), _cpu()
-        _run(["--help"], cwd, command)
-        walls.append(time.perf_counter() - began)
-        cpus.append(_cpu() - cpu)
-    return statistics.median(walls), statistics.median(cpus)
+    return _median_seconds([str(Path(_command()[0]).with_name(script))], ["--help"], cwd,
+                           repeats)
 
 
 def first_step_seconds(cwd: Path) -> float:

@@ -373,18 +373,6 @@ def seeds_for_assurance_many(effect: float | np.ndarray, sds: np.ndarray,
     return np.where(finite, out, -1)
 
 
-def seeds_for_assurance(effect: float, sds: Sequence[float], pilot_n: Sequence[int] | int,
-                        level: Sequence[float] | float, power: float = POWER,
-                        tost: bool = False, min_n: int = 2,
-                        max_n: int = MAX_FOLLOW_UP, margin: float | None = None) -> int | None:
-    """Return the smallest n in [min_n, max_n] whose assurance reaches ``power``, None beyond
-    ``max_n`` (``seeds_for_assurance_many`` on one row)."""
-    n = int(seeds_for_assurance_many(effect, np.asarray([sds], dtype=float), pilot_n,
-                                     np.asarray(level, dtype=float), power, tost, min_n,
-                                     max_n, margin)[0])
-    return n if n > 0 else None
-
-
 def conditional_level(q1: np.ndarray | float, level: float, share: float = PILOT_SHARE,
                       w1: float = STAGE1_WEIGHT) -> np.ndarray:
     """Return the one-sided level stage 2's own p-value must reach for the combination to
@@ -424,14 +412,25 @@ def follow_up_seeds(effect: float, sds: Sequence[float], pilot_n: Sequence[int] 
     return n if n > 0 else None
 
 
+def fixed_seeds_many(effect: float | np.ndarray, sds: np.ndarray,
+                     pilot_n: Sequence[int] | int, family: int = 1, tost: bool = False,
+                     power: float = POWER, min_n: int = 2, max_n: int = MAX_FOLLOW_UP,
+                     margin: float | None = None) -> np.ndarray:
+    """Return for each row of pilot spreads (rows x cells) the seeds a cell of a fresh fixed
+    design (one look at the full alpha, Holm's first level) needs for assurance ``power``;
+    -1 out of reach."""
+    return seeds_for_assurance_many(effect, sds, pilot_n, ALPHA / 2 / max(1, family), power,
+                                    tost, min_n, max_n, margin)
+
+
 def fixed_seeds(effect: float, sds: Sequence[float], pilot_n: Sequence[int] | int,
                 family: int = 1, tost: bool = False, power: float = POWER,
                 min_n: int = 2, max_n: int = MAX_FOLLOW_UP,
                 margin: float | None = None) -> int | None:
-    """Return the seeds a cell of a fresh fixed design (one look at the full alpha, Holm's
-    first level) needs for assurance ``power`` from a pilot's spreads."""
-    return seeds_for_assurance(effect, sds, pilot_n, ALPHA / 2 / max(1, family), power, tost,
-                               min_n, max_n, margin)
+    """``fixed_seeds_many`` for one claim; None out of reach."""
+    n = int(fixed_seeds_many(effect, np.asarray([sds], dtype=float), pilot_n, family, tost,
+                             power, min_n, max_n, margin)[0])
+    return n if n > 0 else None
 
 
 def failure_interval(failed: int, n: int, confidence: float = 0.95) -> tuple[float, float]:

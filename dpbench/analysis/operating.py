@@ -29,8 +29,8 @@ from dpbench.analysis.design import (
     PILOT_SEEDS,
     STAGE_SKEW_FLOOR,
     design_p,
+    fixed_seeds_many,
     follow_up_seeds_many,
-    seeds_for_assurance_many,
 )
 from dpbench.analysis.stats import ALPHA, BOOTSTRAP_DRAWS, SKEW_SHIFT_MIN_N, one_sided_q
 from dpbench.analysis.verdicts import MIN_VALUES, cells_p, family_p
@@ -281,19 +281,16 @@ def delivered_power(claim: Claim, effect: float, draws: int, rng: np.random.Gene
         codes = _decide([claim], [q1_rows], [qs], np.zeros((len(rows), 1)),
                         np.full((len(rows), 1), 1.0))[:, 0]
         reproduced += list(codes == 0)
-    # ``design.fixed_seeds`` for every row at once
-    fixed = seeds_for_assurance_many(abs(distance), stage1[2][open_], pilot, ALPHA / 2,
-                                     tost=tost, margin=claim.target if tost else None)
+    fixed = fixed_seeds_many(abs(distance), stage1[2][open_], pilot, tost=tost,
+                             margin=claim.target if tost else None)
     fixed_hit = []
     for n in np.unique(fixed[fixed > 0]):
         count = int(np.sum(fixed == n))
         qs, _, _, _, _ = _stage(claim, effect, count, int(n), dist, 0.0, rng,
                                 SKEW_SHIFT_MIN_N)
-        p = [[np.full(count, np.nan) for _ in cell] for cell in qs]
         # a fixed look: its own q at the full alpha (design_p's share 1: q1 / 1)
         codes = _decide_fixed(claim, qs)
         fixed_hit += list(codes == 0)
-        del p
     return {"follow_up": float(np.mean(reproduced)) if reproduced else math.nan,
             "median_follow_up": float(np.median(n2[ok])) if ok.any() else math.nan,
             "out_of_reach": float(np.mean(~ok)) if len(ok) else math.nan,
