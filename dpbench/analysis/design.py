@@ -25,8 +25,12 @@ The hint is an assurance (O'Hagan, Stevens & Campbell 2005): the power of the fo
 test averaged over what the pilot says about each cell's standard deviation (sigma^2 ~
 (n - 1) s^2 / chi^2_{n - 1}, the posterior under the reference prior), rather than the power
 at one upper bound on it. A claim of several cells shares one follow-up size, sized at the
-nominal assurance that delivers the target power at the pilot's spreads
-(``calibrated_assurance``: Beran's 1987 prepivoting).
+nominal assurance that delivers the target power at the pilot's spreads shrunk toward their
+common level (``calibrated_assurance``: Beran's 1987 prepivoting at an empirical-Bayes
+plug-in), and a paper with such a claim gets a pilot of ``PILOT_SEEDS_CELLS`` seeds
+(``pilot_seeds``): at 5 the pilot cannot tell equal SDs from one dominant SD well enough for
+any one size to deliver 0.80 +- 0.03 at both (measured: docs/tuning-and-claims.md, "Seeds
+needed").
 """
 
 from __future__ import annotations
@@ -43,6 +47,12 @@ from dpbench.analysis.stats import ALPHA, POWER, SKEW_SHIFT_MIN_N, hall_critical
 
 #: the seeds a cell gets in the pilot (stage 1) of ``dpbench-reproduce --until-decided``
 PILOT_SEEDS = 5
+#: the seeds a cell of the pilot of a paper with a one-sided claim of several cells
+#: (``pilot_seeds``): the every-cell hint's calibration reads the pattern of the cells' SDs
+#: off the pilot, whose log-SD scatters by sqrt(psi'(df / 2)) / 2 a cell (0.40 at 5 seeds,
+#: 0.25 at 10); with 5 its delivered power ranges 0.70-0.87 across SD patterns, with 10
+#: 0.77-0.83 (docs/tuning-and-claims.md, "Seeds needed")
+PILOT_SEEDS_CELLS = 10
 #: the inverse-normal weight of stage 1, fixed before any look (w1^2 = 0.1: a pilot of 5
 #: seeds against a follow-up of about 45, the hints' typical size; a mismatch costs little
 #: power, and a small pilot weight keeps a 5-seed t statistic's skewed tail out of the
@@ -63,6 +73,12 @@ QUADRATURE = 24
 #: transformation costs little power there, and a pilot's liberal tail under skew otherwise
 #: reaches the combined test (measured: docs/tuning-and-claims.md, "Skewed gains")
 STAGE_SKEW_FLOOR = 1.0
+
+
+def pilot_seeds(several_cells: bool) -> int:
+    """Return the design's default pilot, seeds a cell: ``PILOT_SEEDS_CELLS`` for a paper
+    with a one-sided claim of several cells (``several_cells``), else ``PILOT_SEEDS``."""
+    return PILOT_SEEDS_CELLS if several_cells else PILOT_SEEDS
 
 
 @dataclass(frozen=True)
@@ -261,6 +277,27 @@ def _calibration_draws(pilot: np.ndarray) -> np.ndarray:
     return np.sqrt(stats.chi2.ppf(u, df) / df)
 
 
+def shrunk_spreads(sds: np.ndarray, pilot: np.ndarray) -> np.ndarray:
+    """Return each row of the cells' pilot spreads (rows x cells, all > 0) shrunk toward
+    their geometric mean on the log scale by the positive-part James-Stein factor (Efron &
+    Morris 1975; Morris 1983, eq. 3.3):
+
+        log s'_c = m + B (log s_c - m),   B = max(0, 1 - v / V),
+
+    m the row's mean log spread, V the sample variance of the row's log spreads (ddof 1),
+    v = mean_c psi'(df_c / 2) / 4 the sampling variance of log s of a normal sample of df_c =
+    n_c - 1 (``scipy.special.polygamma``). Equal SDs give V near v and a pattern near equal;
+    a dominant SD keeps most of its distance."""
+    log_s = np.log(np.asarray(sds, dtype=float))
+    mean = log_s.mean(-1, keepdims=True)
+    df = np.maximum(1, np.asarray(pilot) - 1).astype(float)
+    v = float(np.mean(special.polygamma(1, df / 2) / 4))
+    spread = log_s.var(-1, ddof=1, keepdims=True) if log_s.shape[-1] > 1 else np.zeros_like(
+        mean)
+    factor = np.clip(1 - v / np.maximum(spread, 1e-300), 0.0, 1.0)
+    return np.exp(mean + factor * (log_s - mean))
+
+
 def calibrated_assurance(effect: np.ndarray, sds: np.ndarray, pilot: np.ndarray,
                          levels: np.ndarray, power: float = POWER) -> np.ndarray:
     """Return, for each row of pilot spreads ``sds`` (rows x cells) and one-sided
@@ -271,7 +308,9 @@ def calibrated_assurance(effect: np.ndarray, sds: np.ndarray, pilot: np.ndarray,
     One follow-up size serves every cell, and the hint's assurance (the product of the cells'
     posterior assurances, ``_assurance_many``) follows the largest of the cells' spreads; it
     delivers its nominal power when one cell's SD dominates and more when the SDs are alike.
-    The calibration measures that excess at the plug-in SDs s_c: inner pilots s*_bc = s_c
+    The calibration measures that excess at the plug-in SDs s_c (the pilot's spreads
+    shrunk: the raw ones always look less alike than the truth, so plugged in they
+    over-deliver at equal SDs): inner pilots s*_bc = s_c
     w_bc (w_bc the chi quantiles of ``_calibration_draws``), each sized by the rule at a
     nominal assurance g, n*_b(g), and the rule's delivered power
 
@@ -284,7 +323,7 @@ def calibrated_assurance(effect: np.ndarray, sds: np.ndarray, pilot: np.ndarray,
     ((z + 1) max s / effect)^2, interpolated in log n. The answer solves D(g) = ``power``
     (by interpolation over ``CALIBRATION_LEVELS``; D is made non-decreasing first). For one
     cell the pivot n ~ s^2 makes D(g) = g, so the calibration changes nothing there."""
-    sds = np.asarray(sds, dtype=float)
+    sds = shrunk_spreads(np.asarray(sds, dtype=float), np.asarray(pilot))
     rows, cells = sds.shape
     levels = np.broadcast_to(np.asarray(levels, dtype=float), sds.shape)
     effect = np.broadcast_to(np.asarray(effect, dtype=float), (rows,))

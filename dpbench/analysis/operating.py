@@ -26,11 +26,11 @@ from scipy import stats
 
 from dpbench.analysis.claim_spec import FAILURE_LIMIT
 from dpbench.analysis.design import (
-    PILOT_SEEDS,
     STAGE_SKEW_FLOOR,
     design_p,
     fixed_seeds_many,
     follow_up_seeds_many,
+    pilot_seeds,
 )
 from dpbench.analysis.stats import ALPHA, BOOTSTRAP_DRAWS, SKEW_SHIFT_MIN_N, one_sided_q
 from dpbench.analysis.verdicts import MIN_VALUES, cells_p, family_p
@@ -122,6 +122,13 @@ class Outcome:
     hints: np.ndarray
 
 
+def default_pilot(family: list[Claim]) -> int:
+    """The design's pilot for a paper of these claims (``design.pilot_seeds``: more seeds
+    with a one-sided claim of several cells), as ``dpbench-reproduce --until-decided`` picks
+    it from the spec."""
+    return pilot_seeds(any(c.cells > 1 and c.kind != "equivalence" for c in family))
+
+
 def _stage(claim: Claim, effect: float, rows: int, n: int, dist: str, failure: float,
            rng: np.random.Generator, floor: float = STAGE_SKEW_FLOOR
            ) -> tuple[list[list[np.ndarray]], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -196,10 +203,12 @@ def _hint_at(claim: Claim, effects: np.ndarray, family: int, pilot: int, sds: np
 
 def simulate(family: list[Claim], effects: list[float], draws: int,
              rng: np.random.Generator, *, dist: str = "normal", failure: float = 0.0,
-             pilot: int = PILOT_SEEDS, budget: int = 200) -> Outcome:
+             pilot: int | None = None, budget: int = 200) -> Outcome:
     """Run the design on ``draws`` papers whose claim i has true effect ``effects[i]`` in
-    every cell; a follow-up beyond ``budget`` seeds a cell stops for futility."""
+    every cell, a pilot of ``pilot`` seeds a cell (None: the design's, ``default_pilot``); a
+    follow-up beyond ``budget`` seeds a cell stops for futility."""
     m = len(family)
+    pilot = default_pilot(family) if pilot is None else pilot
     stage1 = [_stage(c, e, draws, pilot, dist, failure, rng) for c, e in zip(family, effects)]
     q1 = [s[0] for s in stage1]
     q2 = [[[np.full(draws, np.nan) for _ in cell] for cell in s[0]] for s in stage1]
@@ -255,11 +264,13 @@ def error_rates(family: list[Claim], effects: list[float], outcome: Outcome
 
 
 def delivered_power(claim: Claim, effect: float, draws: int, rng: np.random.Generator,
-                    pilot: int = PILOT_SEEDS, dist: str = "normal") -> dict[str, float]:
+                    pilot: int | None = None, dist: str = "normal") -> dict[str, float]:
     """Return the power the hint delivers: a claim alone at true ``effect`` whose pilot is
     undecided, followed up at the hint computed for that effect (its distance beyond the
     target; the claimed or the midway effect); P(reproduced at the end) among those, the
-    median follow-up, and the same for a fresh fixed look at ``design.fixed_seeds``."""
+    median follow-up, and the same for a fresh fixed look at ``design.fixed_seeds``; a pilot
+    of ``pilot`` seeds a cell (None: the design's for a paper of this claim)."""
+    pilot = default_pilot([claim]) if pilot is None else pilot
     distance = (effect - claim.target if claim.kind != "equivalence"
                 else claim.target - abs(effect))
     stage1 = _stage(claim, effect, draws, pilot, dist, 0.0, rng)

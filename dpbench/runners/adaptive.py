@@ -3,7 +3,8 @@ design of ``dpbench.analysis.design`` (docs/tuning-and-claims.md, "The design").
 
 1. The design is declared before any run: ``design.json`` beside the paper's runs records
    the pilot's seeds, the pilot's share of alpha and the stage weights.
-2. The pilot runs (``--pilot`` seeds a cell, default 5); the claims are evaluated at the
+2. The pilot runs (``--pilot`` seeds a cell; default ``default_pilot``: 5, or 10 for a
+   paper with a one-sided claim of several cells); the claims are evaluated at the
    pilot's look.
 3. Each undecided claim's follow-up is sized by its hint (80 % assurance at the claimed
    effect, at its conditional level given the pilot). Claims are taken cheapest first while
@@ -24,12 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpbench.analysis.design import PILOT_SEEDS, PILOT_SHARE, STAGE1_WEIGHT, Stages
+from dpbench.analysis.claim_spec import expand_cells
+from dpbench.analysis.design import (
+    PILOT_SEEDS,
+    PILOT_SHARE,
+    STAGE1_WEIGHT,
+    Stages,
+    pilot_seeds,
+)
 from dpbench.utils.io import atomic_write_json
 from dpbench.utils.safe_json import UnsafeFile, read_json
 
 DESIGN_NAME = "design.json"
-__all__ = ["PILOT_SEEDS", "DesignError", "declare", "load_design", "load_stages",
+__all__ = ["PILOT_SEEDS", "DesignError", "declare", "default_pilot", "load_design", "load_stages",
            "plan_follow_up", "plan_notes", "until_decided"]
 
 
@@ -99,6 +107,14 @@ def declare(out: Path, pilot: list[int], follow_up: list[int] | None = None,
     return record
 
 
+def default_pilot(spec: dict[str, Any]) -> int:
+    """Return the design's pilot, seeds a cell, for a paper's spec (``design.pilot_seeds``):
+    more when a one-sided claim (any kind but equivalence) spans several cells."""
+    return pilot_seeds(any(claim.get("kind") != "equivalence"
+                           and len(expand_cells(claim.get("where") or {})) > 1
+                           for claim in spec.get("claims", [])))
+
+
 def _seeds(seeds: list[int]) -> str:
     return ",".join(map(str, seeds)) or "none"
 
@@ -165,7 +181,8 @@ def until_decided(paper: str, spec: dict[str, Any], args: argparse.Namespace, ou
 
     start = time.perf_counter()
     record = load_design(out)
-    pilot = [int(s) for s in (args.seeds.split(",") if args.seeds else range(args.pilot))]
+    size = default_pilot(spec) if args.pilot is None else args.pilot
+    pilot = [int(s) for s in (args.seeds.split(",") if args.seeds else range(size))]
     if record is not None:
         pilot = [int(s) for s in record["pilot"]]
     pilot_args = argparse.Namespace(**{**vars(args), "seeds": ",".join(map(str, pilot)),

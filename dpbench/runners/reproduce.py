@@ -382,8 +382,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="run the two-stage design: a pilot, then a follow-up sized by the "
                         "hints within the budget (docs/tuning-and-claims.md, 'The design')")
     p.add_argument("--pilot", type=int, default=None,
-                   help="seeds a cell of the design's pilot (default: the design's "
-                        "PILOT_SEEDS, docs/tuning-and-claims.md; --seeds names them instead)")
+                   help="seeds a cell of the design's pilot (default: 5, or 10 for a paper "
+                        "with a one-sided claim of several cells: design.pilot_seeds, "
+                        "docs/tuning-and-claims.md; --seeds names them instead)")
     p.add_argument("--budget", type=int, default=None, metavar="RUNS",
                    help="--until-decided: the runs of both stages together, per paper")
     p.add_argument("--budget-minutes", type=float, default=None, metavar="MIN",
@@ -396,11 +397,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.jobs = default_jobs(args.scale)
     if not 1 <= args.jobs <= MAX_JOBS:
         p.error(f"--jobs must be between 1 and {MAX_JOBS}, got {args.jobs}")
-    if args.pilot is None:  # the design's default, read only now (it imports scipy)
-        from dpbench.analysis.design import PILOT_SEEDS
-
-        args.pilot = PILOT_SEEDS
-    if not 3 <= args.pilot <= MAX_SEEDS:
+    # None: the design's default for each paper (``adaptive.default_pilot``)
+    if args.pilot is not None and not 3 <= args.pilot <= MAX_SEEDS:
         p.error(f"--pilot must be between 3 and {MAX_SEEDS}, got {args.pilot}")
     if args.budget is not None and not 1 <= args.budget <= MAX_BUDGET_RUNS:
         p.error(f"--budget must be between 1 and {MAX_BUDGET_RUNS} runs, got {args.budget}")

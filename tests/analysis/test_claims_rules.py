@@ -317,17 +317,19 @@ def test_the_joint_assurance_is_the_posterior_mean_of_the_product_of_the_cells_p
 
 def test_the_every_cell_calibration_delivers_its_power_at_the_plug_in_spreads():
     """Brute force of ``calibrated_assurance``'s equation: 4000 random pilots at the plug-in
-    SDs, each sized by bisection (continuous n, normal-theory powers, the hint's posterior
-    quadrature) at the calibrated nominal assurance, deliver 0.80 at those SDs (within three
-    Monte Carlo standard errors plus 0.01)."""
+    SDs (the pilot's spreads shrunk, ``shrunk_spreads``), each sized by bisection (continuous
+    n, normal-theory powers, the hint's posterior quadrature) at the calibrated nominal
+    assurance, deliver 0.80 at those SDs (within three Monte Carlo standard errors plus
+    0.01)."""
     from scipy import special
 
-    from dpbench.analysis.design import _posterior_scale, calibrated_assurance
+    from dpbench.analysis.design import _posterior_scale, calibrated_assurance, shrunk_spreads
 
-    sds, pilot, level, effect = np.array([1.0, 0.9, 0.8, 0.7]), 5, 0.0125, 0.5
-    nominal = float(calibrated_assurance(np.array([effect]), sds[None], np.array([pilot] * 4),
-                                         np.full((1, 4), level))[0])
-    assert 0.4 < nominal < 0.75   # alike spreads: the plain rule's 0.80 delivers more
+    spreads, pilot, level, effect = np.array([1.0, 0.6, 0.5, 0.3]), 5, 0.0125, 0.5
+    nominal = float(calibrated_assurance(np.array([effect]), spreads[None],
+                                         np.array([pilot] * 4), np.full((1, 4), level))[0])
+    sds = shrunk_spreads(spreads[None], np.array([pilot] * 4))[0]
+    assert 0.4 < nominal < 0.78   # alike spreads: the plain rule's 0.80 delivers more
     rng = np.random.default_rng(np.random.SeedSequence(242))
     draws = 4000
     w = np.sqrt(rng.chisquare(pilot - 1, (draws, 4)) / (pilot - 1))
@@ -346,6 +348,31 @@ def test_the_every_cell_calibration_delivers_its_power_at_the_plug_in_spreads():
     delivered = special.ndtr(effect * np.sqrt(hi)[:, None] / sds - z).prod(-1)
     se = delivered.std() / np.sqrt(draws)
     assert abs(delivered.mean() - 0.80) <= 3 * se + 0.01, (nominal, delivered.mean(), se)
+
+
+def test_the_calibration_shrinks_the_spreads_by_james_stein():
+    """``shrunk_spreads``: the positive-part James-Stein factor on log spreads, against a
+    direct float64 computation; spreads that scatter less than sampling noise (log s has
+    variance psi'(df / 2) / 4) are pooled to their geometric mean, a dominant one keeps most
+    of its distance, and the geometric mean never moves."""
+    from scipy import special
+
+    from dpbench.analysis.design import shrunk_spreads
+
+    pilot = np.array([5, 5, 5, 5])
+    rows = np.array([[1.0, 0.25, 0.25, 0.25], [1.0, 0.9, 1.1, 0.95], [2.0, 1.0, 1.5, 0.5]])
+    got = shrunk_spreads(rows, pilot)
+    log_s = np.log(rows)
+    mean = log_s.mean(-1, keepdims=True)
+    v = special.polygamma(1, 2.0) / 4
+    factor = np.maximum(0.0, 1 - v / log_s.var(-1, ddof=1, keepdims=True))
+    want = np.exp(mean + factor * (log_s - mean))
+    eps = np.finfo(np.float64).eps
+    assert np.allclose(got, want, rtol=64 * eps, atol=0)
+    assert np.allclose(np.log(got).mean(-1), mean[:, 0], rtol=0, atol=64 * eps)
+    assert np.allclose(got[1], np.exp(mean[1, 0]), rtol=64 * eps)   # pooled
+    assert 4 ** 0.6 < got[0, 0] / got[0, 1] < 4                     # most kept
+    assert 1.0 < got[2, 0] / got[2, 3] < 4.0                         # shrunk part-way
 
 
 def test_the_every_cell_calibration_leaves_a_dominant_cell_and_one_cell_alone():
