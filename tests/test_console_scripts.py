@@ -143,6 +143,25 @@ def test_dpbench_reproduce_dry_run_prints_and_writes_nothing(outside):
     assert sorted(p.name for p in outside.iterdir()) == before
 
 
+def test_dpbench_reproduce_until_decided_pilots_every_cell_claims_with_ten_seeds(outside):
+    """FIBER's claims span four epsilons, so its design's pilot is 10 seeds a cell unless
+    ``--pilot`` says otherwise: a budget of one run refuses either pilot before anything
+    runs, naming its size (twice the runs of a 5-seed pilot), and writes nothing."""
+    sizes = {}
+    for pilot in ([], ["--pilot", "5"]):
+        out = outside / f"pilot{len(pilot)}"
+        done = subprocess.run(
+            [str(BIN / "dpbench-reproduce"), "fiber", "--until-decided", "--budget", "1",
+             *pilot, "--out", str(out)], cwd=outside, env=dict(_environment(outside)),
+            capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+        assert done.returncode == 2, done.stderr[-2000:]
+        line = done.stderr.strip().splitlines()[-1]
+        assert "the pilot alone is" in line and "over --budget 1" in line, line
+        sizes[len(pilot)] = int(line.split("the pilot alone is ")[1].split()[0])
+        assert not (out / "reproduce" / "cpu" / "fiber" / "design.json").exists()
+    assert sizes[0] == 2 * sizes[2] > 0
+
+
 @pytest.mark.slow  # 3 seeds x 10 digits sweeps and a follow-up: minutes on 2 cores
 def test_dpbench_reproduce_until_decided_runs_the_design(outside):
     """The two-stage design as a user runs it: the design declared before the pilot, the

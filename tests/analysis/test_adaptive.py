@@ -75,3 +75,22 @@ def test_a_plain_run_with_more_seeds_is_the_designs_follow_up(tmp_path):
     assert row["design"] == "5 + 5"
     assert any("seed(s) 10 outside the design" in n for n in row["notes"])
     assert row["verdict"] == "reproduced"
+
+
+def test_the_default_pilot_follows_the_papers_claims():
+    """``default_pilot``: 10 seeds a cell for a paper with a one-sided claim of several cells
+    (the every-cell hint's calibration reads the cells' SD pattern off the pilot), 5 for one
+    whose claims have one cell each or are equivalences; the shipped specs agree."""
+    from dpbench.analysis.design import PILOT_SEEDS, PILOT_SEEDS_CELLS
+    from dpbench.runners.adaptive import default_pilot
+    from dpbench.runners.reproduce import load_spec
+
+    one = {"claims": [{"kind": "superiority", "where": {"target_epsilon": 1.0}}]}
+    several = {"claims": [{"kind": "superiority", "where": {"target_epsilon": [1.0, 8.0]}}]}
+    tost = {"claims": [{"kind": "equivalence", "where": {"target_epsilon": [1.0, 8.0]}}]}
+    assert (PILOT_SEEDS, PILOT_SEEDS_CELLS) == (5, 10)
+    assert default_pilot(one) == default_pilot(tost) == default_pilot({}) == 5
+    both = {"claims": one["claims"] + several["claims"]}
+    assert default_pilot(several) == default_pilot(both) == 10
+    assert default_pilot(load_spec("fiber")) == 10
+    assert default_pilot(load_spec("dp_ivon")) == 5
