@@ -55,14 +55,18 @@ def main() -> None:
     p.add_argument("--no-power", action="store_true", help="leave out the delivered power")
     p.add_argument("--kinds", default="", help="the delivered power only for these claim "
                    "kinds, their names separated by ';' (default all)")
+    p.add_argument("--pilot", type=int, default=None, help="seeds a cell of every pilot "
+                   "(default: the design's, 10 with a one-sided claim of several cells, else 5)")
     args = p.parse_args()
+    if args.pilot is not None and args.pilot < 3:
+        p.error(f"--pilot must be at least 3, got {args.pilot}")
     start = time.perf_counter()
     families = ({} if args.families == "none" else
                 {n: FAMILIES[n] for n in args.families.split(",")} if args.families else None)
     body = report(args.draws, seed=args.seed, exact_draws=args.exact_draws,
                   power_draws=args.power_draws, families=families, power=not args.no_power,
                   which_truths=tuple(args.truths.split(",")),
-                  kinds=_kinds(args.kinds))
+                  kinds=_kinds(args.kinds), pilot=args.pilot)
     minutes = (time.perf_counter() - start) / 60
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(

@@ -361,12 +361,13 @@ def report(draws: int = 4000, seed: int = 40, failure: float = 0.02,
            families: dict[str, list[Claim]] | None = None,
            exact_draws: int | None = None, power_draws: int | None = None,
            power: bool = True, which_truths: tuple[str, ...] = ("target", "mixed", "claimed"),
-           kinds: tuple[str, ...] | None = None) -> str:
-    """Return the operating characteristics as markdown: per paper family, truth and gain
-    distribution (each seed failing with probability ``failure``), P(false reproduced),
-    P(false against), P(any wrong verdict), P(every claim decided) within the budget and
-    the mean seeds a cell; then the hint's delivered power (``kinds``: those of KINDS, None:
-    every one). ``exact_draws``: the draws of a family with a bootstrapped claim (its
+           kinds: tuple[str, ...] | None = None, pilot: int | None = None) -> str:
+    """Return the operating characteristics as markdown, pilots of ``pilot`` seeds a cell
+    (None: the design's for each family and kind, ``default_pilot``): per paper family,
+    truth and gain distribution (each seed failing with probability ``failure``), P(false
+    reproduced), P(false against), P(any wrong verdict), P(every claim decided) within the
+    budget and the mean seeds a cell; then the hint's delivered power (``kinds``: those of
+    KINDS, None: every one). ``exact_draws``: the draws of a family with a bootstrapped claim (its
     resampling is the slow part); ``families`` None: every one, {}: none."""
     rng = np.random.default_rng(np.random.SeedSequence(seed))
     families = FAMILIES if families is None else families
@@ -379,7 +380,7 @@ def report(draws: int = 4000, seed: int = 40, failure: float = 0.02,
             effects = truths(family, which)
             for dist in DISTS:
                 rates = error_rates(family, effects, simulate(
-                    family, effects, n, rng, dist=dist, failure=failure))
+                    family, effects, n, rng, dist=dist, failure=failure, pilot=pilot))
                 lines.append(f"| {name} ({len(family)}) | {which} | {dist} | {n} | "
                              f"{rates['false_for']:.4f} | {rates['false_against']:.4f} | "
                              f"{rates['any_wrong']:.4f} | {rates['decided']:.3f} | "
@@ -396,7 +397,7 @@ def report(draws: int = 4000, seed: int = 40, failure: float = 0.02,
                               ("midway", (claim.claimed + claim.target) / 2)):
             if claim.kind == "equivalence":
                 effect = 0.0 if label == "claimed" else claim.target / 2
-            got = delivered_power(claim, effect, power_draws or draws, rng)
+            got = delivered_power(claim, effect, power_draws or draws, rng, pilot)
             lines.append(f"| {name} | {label} | {got['follow_up']:.3f} | "
                          f"{got['median_follow_up']:.0f} | {got['out_of_reach']:.3f} | "
                          f"{got['fixed']:.3f} | {got['median_fixed']:.0f} |")
