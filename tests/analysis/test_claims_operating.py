@@ -221,3 +221,23 @@ def test_the_generated_header_pastes_back_into_a_shell(tmp_path):
             "--out", str(tmp_path / "op.md")]
     shown = script._command(argv)
     assert shlex.split(shown) == [*argv[:-1], "op.md"]
+
+
+def test_the_simulation_pilots_as_the_tool():
+    """The simulation's default pilot is the tool's (``design.pilot_seeds``): 10 seeds a
+    cell for FIBER's family (claims of four cells), 5 for DP-IVON's; the same draws with the
+    pilot given explicitly give the same outcome, and another pilot changes the seeds."""
+    assert operating.default_pilot(FAMILIES["FIBER"]) == 10
+    assert operating.default_pilot(FAMILIES["DP-IVON"]) == 5
+    assert operating.default_pilot([Claim("equivalence", 3, 0.5, 0.0)]) == 5
+    family = FAMILIES["DP-aware AdaLN-Zero"]
+    effects = operating.truths(family, "target")
+
+    def run(pilot):
+        rng = np.random.default_rng(np.random.SeedSequence(45))
+        return operating.simulate(family, effects, 40, rng, pilot=pilot)
+
+    default, explicit, five = run(None), run(10), run(5)
+    assert np.array_equal(default.codes, explicit.codes)
+    assert np.array_equal(default.seeds, explicit.seeds)
+    assert default.seeds.min() >= 10 and five.seeds.min() < 10
