@@ -146,7 +146,8 @@ def test_dpbench_reproduce_dry_run_prints_and_writes_nothing(outside):
 def test_dpbench_reproduce_until_decided_pilots_every_cell_claims_with_ten_seeds(outside):
     """FIBER's claims span four epsilons, so its design's pilot is 10 seeds a cell unless
     ``--pilot`` says otherwise: a budget of one run refuses either pilot before anything
-    runs, naming its size (twice the runs of a 5-seed pilot), and writes nothing."""
+    runs, naming its size (twice the runs of a 5-seed pilot), and writes nothing; a smaller
+    ``--pilot`` is noted."""
     sizes = {}
     for pilot in ([], ["--pilot", "5"]):
         out = outside / f"pilot{len(pilot)}"
@@ -159,6 +160,8 @@ def test_dpbench_reproduce_until_decided_pilots_every_cell_claims_with_ten_seeds
         assert "the pilot alone is" in line and "over --budget 1" in line, line
         sizes[len(pilot)] = int(line.split("the pilot alone is ")[1].split()[0])
         assert not (out / "reproduce" / "cpu" / "fiber" / "design.json").exists()
+        assert ("under the design's 10 for claims of several cells" in done.stdout) == bool(
+            pilot)
     assert sizes[0] == 2 * sizes[2] > 0
 
 
