@@ -181,10 +181,11 @@ def until_decided(paper: str, spec: dict[str, Any], args: argparse.Namespace, ou
 
     start = time.perf_counter()
     record = load_design(out)
-    size = default_pilot(spec) if args.pilot is None else args.pilot
-    if args.pilot is not None and not args.seeds and args.pilot < default_pilot(spec):
-        print(f"dpbench-reproduce: {paper}: note: a pilot of {args.pilot} seeds, under the "
-              f"design's {default_pilot(spec)} for claims of several cells: their hints "
+    design_pilot = default_pilot(spec)
+    size = design_pilot if args.pilot is None else args.pilot
+    if not args.seeds and size < design_pilot:
+        print(f"dpbench-reproduce: {paper}: note: a pilot of {size} seeds, under the "
+              f"design's {design_pilot} for claims of several cells: their hints "
               "deliver less power than they state when one cell's SD dominates "
               "(docs/tuning-and-claims.md, \"Seeds needed\")", flush=True)
     pilot = [int(s) for s in (args.seeds.split(",") if args.seeds else range(size))]
