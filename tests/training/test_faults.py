@@ -47,8 +47,10 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
     checkpoint = killed_dir / CHECKPOINT_NAME
     deadline = time.monotonic() + 300
     while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.1)  # into the next epoch
+        time.sleep(0.001)
+    # frozen the moment epoch 1's checkpoint appears, then killed: mid-run however fast an
+    # epoch is (a sleep before the kill let a fast machine finish all three epochs)
+    proc.send_signal(signal.SIGSTOP)
     assert proc.poll() is None, "the run finished before it could be killed"
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
