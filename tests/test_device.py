@@ -3,7 +3,7 @@
 Every code path must also run on CUDA (``trainer.device=auto``). These checks run there: the
 book-keeping engine equals Opacus hooks on the device (per example, and per user with ghost
 clipping too), short runs of a one-point method (bk),
-a two-point method (hooks) and BandMF (correlated-noise state on the device) train there and
+a two-point method (bk and hooks) and BandMF (correlated-noise state on the device) train there and
 spend exactly the epsilon of the same run on CPU, a resumed run equals an uninterrupted one,
 frozen-prefix caching equals the uncached run, and ``dpbench-bench --device`` prints its
 table. ``DPBENCH_TEST_DEVICE`` names the device (default ``cuda``); a missing device fails,
@@ -106,13 +106,15 @@ def test_per_user_clipping_equals_hooks_on_the_device(mode, device):
         assert float((s - r).norm()) <= DEVICE_REL * (float(r.norm()) + 1e-12)
 
 
-@pytest.mark.parametrize("method,mode", [("dpsgd", "bk"), ("fiber", "hooks"),
+@pytest.mark.parametrize("method,mode", [("dpsgd", "bk"), ("fiber", "bk"), ("fiber", "hooks"),
                                          ("bandmf", "bk")])
 def test_a_run_on_the_device_spends_the_cpu_runs_epsilon(method, mode, device, tmp_path):
-    """The same config on the device and on CPU: the accountant does not see the device."""
+    """The same config on the device and on CPU: the accountant does not see the device.
+    FIBER (two points) runs under auto's choice (bk) and under materialised hooks."""
     from dpbench.experiment import build_trainer
 
-    overrides = [f"method={method}", "trainer.epochs=1"]
+    engine = [] if mode == "bk" else [f"trainer.grad_sample_mode={mode}"]
+    overrides = [f"method={method}", "trainer.epochs=1", *engine]
     on_cpu = run_config(compose_config(*overrides), tmp_path / "cpu")
     cfg = compose_config(*overrides)
     cfg.trainer.device = str(device)

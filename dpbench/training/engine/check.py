@@ -390,7 +390,7 @@ def _compare(check: EngineCheck, engine: Any, loss_fn: LossFn, batch, streams: _
     n = len(kept_ref)
     check.examples = int(kept_ref.sum())
     ref_norms = torch.stack([torch.linalg.vector_norm(torch.stack(
-        [torch.linalg.vector_norm(x.double()) for x in g])) for g in grads])
+        [torch.linalg.vector_norm(x.double()) for x in g])) for g in grads]).cpu()  # kept_ref's
     clip = 0.5 * float(ref_norms[kept_ref].min())
     clip = clip if clip > 0 else 1.0
     factors = torch.where(kept_ref, (clip / ref_norms.clamp_min(1e-300)).clamp(max=1.0),
