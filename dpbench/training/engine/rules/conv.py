@@ -74,6 +74,12 @@ def _cat_spatial(parts: list[Tensor]) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
+def loops_per_example(device: torch.device, macs: int) -> bool:
+    """Whether G_i (eq. 2) takes one weight-gradient call per example, not one batched product:
+    on CPU above the threshold only (on an H200 those B launches a layer: docs/engine.md)."""
+    return device.type == "cpu" and macs >= PER_EXAMPLE_CALL_MACS
+
+
 def _per_example_loop(m: nn.Conv2d, calls: Calls, shape: torch.Size) -> Tensor:
     """Return [B, *shape] per-example weight gradients, one torch weight-gradient call each."""
     b = calls[0].g.shape[0]
@@ -90,8 +96,7 @@ def _patch_operands(m: nn.Conv2d, calls: Calls) -> list[tuple[Tensor, Tensor]]:
     """Return per call (patches [B*G, C/G k^2, L], output grads [B*G, O/G, L])."""
     b, o = calls[0].g.shape[:2]
     grp = m.groups
-    # one strided copy in the view's own order (a permuting copy, as einsum makes, is several
-    # times slower on CPU)
+    # one strided copy in the view's own order (einsum's permuting copy is slower on CPU)
     return [(_patches(m, c.a, tuple(c.g.shape[2:])).reshape(
         b * grp, -1, c.g.shape[2] * c.g.shape[3]), c.g.reshape(b * grp, o // grp, -1))
         for c in calls]
@@ -107,7 +112,7 @@ def conv_weight_per_example(m: nn.Conv2d, calls: Calls, shape: torch.Size) -> Te
     b, o = calls[0].g.shape[:2]
     c_k = shape[1] * shape[2] * shape[3]
     length = sum(c.g.shape[2] * c.g.shape[3] for c in calls)
-    if o * c_k * length >= PER_EXAMPLE_CALL_MACS:
+    if loops_per_example(calls[0].g.device, o * c_k * length):
         return _per_example_loop(m, calls, shape)
     return _instantiated(_patch_operands(m, calls)).view(b, *shape)
 
@@ -115,10 +120,7 @@ def conv_weight_per_example(m: nn.Conv2d, calls: Calls, shape: torch.Size) -> Te
 def conv_bias_grads(calls: Calls) -> Tensor:
     """Return [B, O] per-example bias gradients sum_c sum_l g_c."""
     dims = tuple(range(2, calls[0].g.dim()))
-    out = calls[0].g.sum(dims)
-    for c in calls[1:]:
-        out = out + c.g.sum(dims)
-    return out
+    return added([c.g.sum(dims) for c in calls])
 
 
 def _keep(keep: Kept | None, m: nn.Conv2d, weight_grads: Tensor, calls: Calls) -> None:
@@ -154,8 +156,8 @@ def conv2d_norm_sq(m: nn.Conv2d, calls: Calls, keep: Kept | None = None) -> Tens
     unfold's per-example loop); instantiation is ``G_i = g_i P_i^T`` (one bmm), the ghost norm
     ``<P_i^T P_i, g_i^T g_i>``, whichever costs fewer multiply-adds (Bu et al. eq. 2 and 4 with
     the L output positions as tokens; several calls are concatenated along L). Large layers
-    (ResNet stages) instantiate with torch's weight gradient, one call per example.
-    Instantiated gradients small enough are stored in ``keep`` for the clipped sum.
+    (ResNet stages) on CPU instantiate with torch's weight gradient per example
+    (``loops_per_example``). Instantiated gradients small enough are kept for the clipped sum.
     """
     b, o = calls[0].g.shape[:2]
     out = torch.zeros(b, dtype=calls[0].g.dtype, device=calls[0].g.device)
@@ -169,9 +171,8 @@ def conv2d_norm_sq(m: nn.Conv2d, calls: Calls, keep: Kept | None = None) -> Tens
             ghost = length * length * (c_k + o // grp) < c_k * (o // grp)
         else:
             ghost = length * (c_k + o // grp) <= c_k * (o // grp)
-        if not ghost and o * c_k * length >= PER_EXAMPLE_CALL_MACS:
-            # large layer: torch's own weight gradient per example costs about what the
-            # whole-batch one does (no im2col copy), and B calls are cheap next to it
+        if not ghost and loops_per_example(calls[0].g.device, o * c_k * length):
+            # large layer on CPU: a per-example weight gradient costs what a whole-batch one does
             per_example = _per_example_loop(m, calls, m.weight.shape)
             _keep(keep, m, per_example, calls)
             return sq(per_example) + _bias_sq(m, calls)

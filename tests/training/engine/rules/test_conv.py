@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from dpbench.training.engine.rules import conv
+from dpbench.training.engine.rules.base import Call
 from tests.training.engine.rules import grid
 
 
@@ -53,3 +54,30 @@ def test_conv2d_two_points_hold_their_cross_terms(layer):
     torch.manual_seed(3)
     grid.assert_calls_exact(layer(), [torch.randn(2, layer().in_channels, 5, 5)
                                       for _ in range(2)], [0.7, -1.3])
+
+
+def test_only_cpu_loops_per_example_above_the_threshold():
+    """The per-example weight-gradient loop is a CPU measurement; elsewhere one batched product."""
+    big, small = conv.PER_EXAMPLE_CALL_MACS, conv.PER_EXAMPLE_CALL_MACS - 1
+    assert conv.loops_per_example(torch.device("cpu"), big)
+    assert not conv.loops_per_example(torch.device("cpu"), small)
+    for name in ("cuda", "cuda:1", "mps", "meta"):
+        assert not conv.loops_per_example(torch.device(name), big)
+
+
+@pytest.mark.parametrize("layer", [lambda: nn.Conv2d(64, 64, 3, padding=1),
+                                   lambda: nn.Conv2d(8, 12, 3, stride=2, groups=4, padding=1)],
+                         ids=["resnet stage", "grouped strided"])
+def test_the_batched_product_equals_the_per_example_loop_in_float64(layer):
+    """What a GPU runs for a large layer (one bmm of the patches, eq. 2) equals what a CPU runs
+    (torch's weight gradient per example), to float64 rounding, on a ResNet-stage shape."""
+    torch.manual_seed(4)
+    m = layer().double()
+    a = torch.randn(3, m.in_channels, 16, 16, dtype=torch.float64)
+    g = torch.randn(m(a).shape, dtype=torch.float64)
+    calls = [Call(a, g), Call(a.flip(0), g.flip(0))]
+    looped = conv._per_example_loop(m, calls, m.weight.shape)
+    batched = conv._instantiated(conv._patch_operands(m, calls)).view(looped.shape)
+    length = sum(c.g.shape[2] * c.g.shape[3] for c in calls)  # the sum's terms per entry
+    tol = length * torch.finfo(torch.float64).eps * float(looped.abs().max())
+    assert float((batched - looped).abs().max()) <= tol
