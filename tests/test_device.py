@@ -2,12 +2,12 @@
 
 Every code path must also run on CUDA (``trainer.device=auto``). These checks run there: the
 book-keeping engine equals Opacus hooks on the device (per example, and per user with ghost
-clipping too), short runs of a one-point method (bk),
-a two-point method (bk and hooks) and BandMF (correlated-noise state on the device) train there and
-spend exactly the epsilon of the same run on CPU, a resumed run equals an uninterrupted one,
-frozen-prefix caching equals the uncached run, and ``dpbench-bench --device`` prints its
-table. ``DPBENCH_TEST_DEVICE`` names the device (default ``cuda``); a missing device fails,
-never skips. ``DPBENCH_TEST_DEVICE=cpu make test-device`` checks the suite itself on CPU.
+clipping too), short runs of a one-point method (bk), a two-point method (bk and hooks) and
+BandMF (correlated-noise state on the device) train there and spend exactly the epsilon of the
+same run on CPU, a resumed run equals an uninterrupted one, frozen-prefix caching equals the
+uncached run, and ``dpbench-bench --device`` prints its table. ``DPBENCH_TEST_DEVICE`` names
+the device (default ``cuda``); a missing device fails, never skips. ``DPBENCH_TEST_DEVICE=cpu
+make test-device`` checks the suite itself on CPU.
 """
 
 from __future__ import annotations

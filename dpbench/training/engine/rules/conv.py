@@ -76,7 +76,7 @@ def _cat_spatial(parts: list[Tensor]) -> Tensor:
 
 def loops_per_example(device: torch.device, macs: int) -> bool:
     """Whether G_i (eq. 2) takes one weight-gradient call per example, not one batched product:
-    on CPU above the threshold only (on an H200 those B launches a layer: docs/engine.md)."""
+    on CPU above the threshold only (on an H200, B launches a layer cost 3.4x: docs/engine.md)."""
     return device.type == "cpu" and macs >= PER_EXAMPLE_CALL_MACS
 
 
